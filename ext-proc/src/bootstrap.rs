@@ -1,0 +1,229 @@
+//! `fleetroute bootstrap`: renders an Envoy bootstrap for a router config from
+//! the commented template in `envoy-config/envoy.yaml`, so the fleet clusters,
+//! their members and the fail-open routes always match the router config.
+
+use std::net::SocketAddr;
+
+use serde_yaml::{Mapping, Value};
+
+use crate::config::RouterConfig;
+
+/// The commented template, shipped inside the binary.
+pub const TEMPLATE: &str = include_str!("../../envoy-config/envoy.yaml");
+
+#[derive(Clone, Debug)]
+pub struct BootstrapOptions {
+    pub listen: SocketAddr,
+    pub envoy_admin: SocketAddr,
+    pub grpc: SocketAddr,
+    /// Absolute path of `fleetroute_filter.wasm`.
+    pub wasm: String,
+    /// Answer a JSON 503 when fleetroute is unreachable, instead of the
+    /// fail-open fallback routes.
+    pub fail_closed: bool,
+}
+
+fn key(k: &str) -> Value {
+    Value::String(k.to_string())
+}
+
+fn get_mut<'a>(v: &'a mut Value, path: &[&str]) -> Result<&'a mut Value, String> {
+    let mut cur = v;
+    for p in path {
+        cur = cur
+            .get_mut(*p)
+            .ok_or_else(|| format!("template: missing '{}'", path.join(".")))?;
+    }
+    Ok(cur)
+}
+
+fn socket_address(addr: SocketAddr) -> Value {
+    let mut m = Mapping::new();
+    m.insert(key("address"), key(&addr.ip().to_string()));
+    m.insert(key("port_value"), Value::Number(addr.port().into()));
+    Value::Mapping(m)
+}
+
+fn endpoint(addr: &str) -> Result<Value, String> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|_| format!("'{addr}' is not ip:port"))?;
+    Ok(serde_yaml::from_str(&format!(
+        "endpoint: {{ address: {{ socket_address: {{ address: '{}', port_value: {} }} }} }}",
+        addr.ip(),
+        addr.port()
+    ))
+    .expect("static yaml"))
+}
+
+pub fn render(
+    template: &str,
+    cfg: &RouterConfig,
+    opts: &BootstrapOptions,
+) -> Result<String, String> {
+    let mut doc: Value = serde_yaml::from_str(template).map_err(|e| format!("template: {e}"))?;
+    *get_mut(&mut doc, &["admin", "address", "socket_address"])? = socket_address(opts.envoy_admin);
+
+    let listener = get_mut(&mut doc, &["static_resources", "listeners"])?
+        .get_mut(0)
+        .ok_or("template: no listener")?;
+    *get_mut(listener, &["address", "socket_address"])? = socket_address(opts.listen);
+    let hcm = get_mut(listener, &["filter_chains"])?
+        .get_mut(0)
+        .and_then(|c| c.get_mut("filters"))
+        .and_then(|f| f.get_mut(0))
+        .and_then(|f| f.get_mut("typed_config"))
+        .ok_or("template: no http_connection_manager")?;
+
+    for filter in get_mut(hcm, &["http_filters"])?
+        .as_sequence_mut()
+        .ok_or("template: http_filters is not a list")?
+    {
+        let name = filter
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let tc = get_mut(filter, &["typed_config"])?;
+        if name == "envoy.filters.http.wasm" {
+            *get_mut(tc, &["config", "vm_config", "code", "local", "filename"])? = key(&opts.wasm);
+        } else if name == "envoy.filters.http.ext_proc" && tc.get("observability_mode").is_none() {
+            *get_mut(tc, &["failure_mode_allow"])? = Value::Bool(!opts.fail_closed);
+        }
+    }
+
+    let routes = get_mut(hcm, &["route_config", "virtual_hosts"])?
+        .get_mut(0)
+        .and_then(|vh| vh.get_mut("routes"))
+        .and_then(Value::as_sequence_mut)
+        .ok_or("template: no routes")?;
+    let chosen = routes
+        .first()
+        .cloned()
+        .ok_or("template: no cluster_header route")?;
+    routes.clear();
+    routes.push(chosen);
+    routes.extend(fallback_routes(cfg));
+
+    let clusters = get_mut(&mut doc, &["static_resources", "clusters"])?
+        .as_sequence_mut()
+        .ok_or("template: clusters is not a list")?;
+    let prototype = clusters
+        .iter()
+        .find(|c| c.get("load_balancing_policy").is_some())
+        .cloned()
+        .ok_or("template: no fleet cluster to copy")?;
+    let mut out: Vec<Value> = clusters
+        .iter()
+        .filter(|c| c.get("load_balancing_policy").is_none())
+        .cloned()
+        .collect();
+    for c in &mut out {
+        if c.get("name").and_then(Value::as_str) == Some("fleetroute") {
+            let eps = get_mut(c, &["load_assignment", "endpoints"])?;
+            *eps = serde_yaml::from_str(&format!(
+                "[{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: '{}', port_value: {} }} }} }} }}] }}]",
+                opts.grpc.ip(),
+                opts.grpc.port()
+            ))
+            .expect("static yaml");
+        }
+    }
+    for fleet in &cfg.fleets {
+        let mut c = prototype.clone();
+        *get_mut(&mut c, &["name"])? = key(&fleet.name);
+        *get_mut(&mut c, &["load_assignment", "cluster_name"])? = key(&fleet.name);
+        let lb: Result<Vec<Value>, String> = fleet.endpoints.iter().map(|e| endpoint(e)).collect();
+        let mut group = Mapping::new();
+        group.insert(key("lb_endpoints"), Value::Sequence(lb?));
+        *get_mut(&mut c, &["load_assignment", "endpoints"])? =
+            Value::Sequence(vec![Value::Mapping(group)]);
+        out.push(c);
+    }
+    *clusters = out;
+    serde_yaml::to_string(&doc).map_err(|e| e.to_string())
+}
+
+/// Fail-open routes, used only when fleetroute could not be asked: each model
+/// goes to its stage's first fleet, which lies inside the stage's residency.
+fn fallback_routes(cfg: &RouterConfig) -> Vec<Value> {
+    let mut routes = Vec::new();
+    for stage in &cfg.stages {
+        let Some(fleet) = stage.fleets.first() else {
+            continue;
+        };
+        for model in stage.models.iter().chain([&stage.name]) {
+            routes.push(
+                serde_yaml::from_str(&format!(
+                    "match: {{ prefix: '/', headers: [{{ name: x-fleetroute-model, string_match: {{ exact: {} }} }}] }}\n\
+                     route: {{ cluster: {}, timeout: 600s }}",
+                    serde_json::to_string(model).expect("string"),
+                    serde_json::to_string(fleet).expect("string"),
+                ))
+                .expect("generated yaml"),
+            );
+        }
+    }
+    let default_fleet = cfg
+        .default_stage
+        .as_ref()
+        .and_then(|d| cfg.stages.iter().find(|s| &s.name == d))
+        .and_then(|s| s.fleets.first());
+    routes.push(match default_fleet {
+        Some(f) => serde_yaml::from_str(&format!(
+            "match: {{ prefix: '/' }}\nroute: {{ cluster: {}, timeout: 600s }}",
+            serde_json::to_string(f).expect("string")
+        ))
+        .expect("generated yaml"),
+        None => serde_yaml::from_str(
+            "match: { prefix: '/' }\n\
+             direct_response: { status: 404, body: { inline_string: '{\"error\":{\"message\":\"no stage serves this model\",\"type\":\"routing_error\",\"code\":\"model_not_found\"}}' } }",
+        )
+        .expect("static yaml"),
+    });
+    routes
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ROUTER: &str = include_str!("../../envoy-config/router.yaml");
+
+    fn opts() -> BootstrapOptions {
+        BootstrapOptions {
+            listen: "127.0.0.1:10000".parse().unwrap(),
+            envoy_admin: "127.0.0.1:9901".parse().unwrap(),
+            grpc: "127.0.0.1:50051".parse().unwrap(),
+            wasm: "/etc/fleetroute/fleetroute_filter.wasm".into(),
+            fail_closed: false,
+        }
+    }
+
+    /// The shipped envoy.yaml is exactly what `bootstrap` renders for the
+    /// shipped router.yaml: the two files cannot drift apart.
+    #[test]
+    fn shipped_files_agree() {
+        let cfg = RouterConfig::parse(ROUTER).unwrap();
+        let rendered: Value =
+            serde_yaml::from_str(&render(TEMPLATE, &cfg, &opts()).unwrap()).unwrap();
+        let shipped: Value = serde_yaml::from_str(TEMPLATE).unwrap();
+        assert_eq!(rendered, shipped);
+    }
+
+    #[test]
+    fn fail_closed_flips_only_the_routing_filter() {
+        let cfg = RouterConfig::parse(ROUTER).unwrap();
+        let out = render(
+            TEMPLATE,
+            &cfg,
+            &BootstrapOptions {
+                fail_closed: true,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert_eq!(out.matches("failure_mode_allow: false").count(), 1);
+        assert_eq!(out.matches("failure_mode_allow: true").count(), 1);
+    }
+}

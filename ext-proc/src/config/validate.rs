@@ -1,0 +1,373 @@
+//! Checks that need the whole file: names resolve, residency holds, numbers
+//! make sense. Collects every error rather than stopping at the first.
+
+use std::collections::{HashMap, HashSet};
+use std::net::SocketAddr;
+
+use super::{ConfigError, PolicyKind, RouterConfig};
+
+/// Replicas per fleet; the prefix index keeps one bit per replica.
+pub const MAX_REPLICAS_PER_FLEET: usize = 64;
+
+struct Errors(Vec<ConfigError>);
+
+impl Errors {
+    fn push(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(ConfigError {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+/// Fleet names are Envoy cluster names and travel in headers.
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// Stage names may also hold '/', e.g. `ds-flash/prod-us`.
+fn valid_stage_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
+}
+
+fn finite_non_negative(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
+pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
+    let mut e = Errors(Vec::new());
+    let hc = &cfg.health_check;
+    if !hc.path.starts_with('/') {
+        e.push(
+            "health_check.path",
+            format!("'{}' must start with '/'", hc.path),
+        );
+    }
+    if hc.interval_ms < 10 {
+        e.push("health_check.interval_ms", "must be at least 10");
+    }
+    if hc.timeout_ms == 0 || hc.timeout_ms > hc.interval_ms.max(10) {
+        e.push(
+            "health_check.timeout_ms",
+            "must be between 1 and interval_ms",
+        );
+    }
+    if hc.healthy_threshold == 0 {
+        e.push("health_check.healthy_threshold", "must be at least 1");
+    }
+    if hc.unhealthy_threshold == 0 {
+        e.push("health_check.unhealthy_threshold", "must be at least 1");
+    }
+
+    let mut regions: HashMap<&str, &str> = HashMap::new();
+    for (i, f) in cfg.fleets.iter().enumerate() {
+        let p = format!("fleets[{i}]");
+        if !valid_name(&f.name) {
+            e.push(
+                format!("{p}.name"),
+                format!("'{}' must be 1-128 of [A-Za-z0-9._-]", f.name),
+            );
+        }
+        if regions.insert(&f.name, &f.region).is_some() {
+            e.push(format!("{p}.name"), format!("duplicate fleet '{}'", f.name));
+        }
+        if !valid_name(&f.region) {
+            e.push(
+                format!("{p}.region"),
+                format!("'{}' must be 1-128 of [A-Za-z0-9._-]", f.region),
+            );
+        }
+        if f.endpoints.len() > MAX_REPLICAS_PER_FLEET {
+            e.push(
+                format!("{p}.endpoints"),
+                format!(
+                    "{} endpoints; a fleet holds at most {MAX_REPLICAS_PER_FLEET}",
+                    f.endpoints.len()
+                ),
+            );
+        }
+        let mut seen = HashSet::new();
+        for (j, ep) in f.endpoints.iter().enumerate() {
+            if ep.parse::<SocketAddr>().is_err() {
+                e.push(
+                    format!("{p}.endpoints[{j}]"),
+                    format!("'{ep}' is not ip:port"),
+                );
+            } else if !seen.insert(ep) {
+                e.push(
+                    format!("{p}.endpoints[{j}]"),
+                    format!("duplicate endpoint '{ep}'"),
+                );
+            }
+        }
+        if let Some(c) = &f.cost {
+            for (field, v) in [
+                ("gpu_hour_usd", c.gpu_hour_usd),
+                ("usd_per_million_tokens", c.usd_per_million_tokens),
+            ] {
+                if v.is_some_and(|v| !finite_non_negative(v)) {
+                    e.push(format!("{p}.cost.{field}"), "must be a finite number >= 0");
+                }
+            }
+            if c.gpus_per_replica == Some(0) {
+                e.push(format!("{p}.cost.gpus_per_replica"), "must be at least 1");
+            }
+            if c.gpu_hour_usd.is_none() && c.usd_per_million_tokens.is_none() {
+                e.push(
+                    format!("{p}.cost"),
+                    "set gpu_hour_usd or usd_per_million_tokens",
+                );
+            }
+        }
+        let cap = &f.capacity;
+        if cap.max_inflight == 0 {
+            e.push(format!("{p}.capacity.max_inflight"), "must be at least 1");
+        }
+        if !(cap.max_kv_usage > 0.0 && cap.max_kv_usage <= 1.0) {
+            e.push(format!("{p}.capacity.max_kv_usage"), "must be in (0, 1]");
+        }
+        if let Some(b) = f.hosts
+            && b.min > b.max
+        {
+            e.push(
+                format!("{p}.hosts"),
+                format!("min {} is above max {}", b.min, b.max),
+            );
+        }
+    }
+
+    let mut stage_names = HashSet::new();
+    let mut models: HashMap<&str, usize> = HashMap::new();
+    for (i, s) in cfg.stages.iter().enumerate() {
+        let p = format!("stages[{i}]");
+        if !valid_stage_name(&s.name) {
+            e.push(
+                format!("{p}.name"),
+                format!("'{}' must be 1-128 of [A-Za-z0-9._/-]", s.name),
+            );
+        }
+        if !stage_names.insert(s.name.as_str()) {
+            e.push(format!("{p}.name"), format!("duplicate stage '{}'", s.name));
+        }
+        for (j, m) in s.models.iter().enumerate() {
+            if let Some(other) = models.insert(m, i) {
+                e.push(
+                    format!("{p}.models[{j}]"),
+                    format!(
+                        "model '{m}' already belongs to stage '{}'",
+                        cfg.stages[other].name
+                    ),
+                );
+            }
+        }
+        if s.fleets.is_empty() {
+            e.push(format!("{p}.fleets"), "a stage needs at least one fleet");
+        }
+        let residency = s.residency.as_ref().map(|r| r.to_vec());
+        if residency.as_ref().is_some_and(|r| r.is_empty()) {
+            e.push(format!("{p}.residency"), "must name at least one region");
+        }
+        let mut stage_fleets = HashSet::new();
+        for (j, name) in s.fleets.iter().enumerate() {
+            let fp = format!("{p}.fleets[{j}]");
+            if !stage_fleets.insert(name.as_str()) {
+                e.push(fp, format!("fleet '{name}' listed twice"));
+                continue;
+            }
+            match regions.get(name.as_str()) {
+                None => e.push(fp, format!("unknown fleet '{name}'")),
+                Some(region) => {
+                    if let Some(r) = &residency
+                        && !r.iter().any(|x| x == region)
+                    {
+                        e.push(
+                            fp,
+                            format!(
+                                "fleet '{name}' is in region '{region}', outside the stage's residency [{}]",
+                                r.join(", ")
+                            ),
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(b) = s.replicas
+            && b.min > b.max
+        {
+            e.push(
+                format!("{p}.replicas"),
+                format!("min {} is above max {}", b.min, b.max),
+            );
+        }
+        let rp = format!("{p}.routing");
+        let r = &s.routing;
+        let misplaced = |field: &str, set: bool, own: PolicyKind, e: &mut Errors| {
+            if set && r.policy != own {
+                e.push(
+                    format!("{rp}.{field}"),
+                    format!("belongs to policy {own:?}, not {:?}", r.policy).to_lowercase(),
+                );
+            }
+        };
+        misplaced("order", r.order.is_some(), PolicyKind::Priority, &mut e);
+        misplaced("weights", r.weights.is_some(), PolicyKind::Weighted, &mut e);
+        if let Some(order) = &r.order {
+            for (j, name) in order.iter().enumerate() {
+                if !stage_fleets.contains(name.as_str()) {
+                    e.push(
+                        format!("{rp}.order[{j}]"),
+                        format!("unknown fleet '{name}' (not in {p}.fleets)"),
+                    );
+                }
+            }
+        }
+        if let Some(weights) = &r.weights {
+            for (name, w) in weights {
+                if !stage_fleets.contains(name.as_str()) {
+                    e.push(
+                        format!("{rp}.weights.{name}"),
+                        format!("unknown fleet '{name}' (not in {p}.fleets)"),
+                    );
+                }
+                if !finite_non_negative(*w) {
+                    e.push(
+                        format!("{rp}.weights.{name}"),
+                        format!("weight {w} must be finite and >= 0"),
+                    );
+                }
+            }
+        }
+    }
+    if let Some(d) = &cfg.default_stage
+        && !stage_names.contains(d.as_str())
+    {
+        e.push("default_stage", format!("unknown stage '{d}'"));
+    }
+    e.0
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::RouterConfig;
+
+    const GOOD: &str = r#"
+fleets:
+  - name: gb200-rack
+    region: us
+    endpoints: ["10.0.0.11:8000", "10.0.0.12:8000"]
+    cost: { gpu_hour_usd: 9.5, gpus_per_replica: 8 }
+  - name: h200-burst
+    region: us
+    endpoints: ["10.1.0.21:8000"]
+    cost: { gpu_hour_usd: 4.2, gpus_per_replica: 8 }
+    hosts: { min: 0, max: 4 }
+  - name: eu-pool
+    region: eu
+    endpoints: ["10.2.0.1:8000"]
+stages:
+  - name: ds-flash/prod-us
+    models: [ds-flash]
+    fleets: [gb200-rack, h200-burst]
+    residency: us
+    replicas: { min: 2, max: 6 }
+    routing: { policy: priority, order: [gb200-rack, h200-burst] }
+"#;
+
+    fn errors(yaml: &str) -> Vec<String> {
+        match RouterConfig::parse(yaml) {
+            Ok(_) => vec![],
+            Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_design_example_is_valid() {
+        assert_eq!(errors(GOOD), Vec::<String>::new());
+    }
+
+    #[test]
+    fn errors_name_the_field_path() {
+        let cases = [
+            (
+                GOOD.replace("order: [gb200-rack, h200-burst]", "order: [h200-bust]"),
+                "stages[0].routing.order[0]: unknown fleet 'h200-bust'",
+            ),
+            (
+                GOOD.replace(
+                    "fleets: [gb200-rack, h200-burst]",
+                    "fleets: [gb200-rack, eu-pool]",
+                ),
+                "stages[0].fleets[1]: fleet 'eu-pool' is in region 'eu', outside the stage's residency [us]",
+            ),
+            (
+                GOOD.replace("\"10.1.0.21:8000\"", "\"burst-1:8000\""),
+                "fleets[1].endpoints[0]: 'burst-1:8000' is not ip:port",
+            ),
+            (
+                GOOD.replace("policy: priority", "policy: weighted"),
+                "stages[0].routing.order: belongs to policy priority, not weighted",
+            ),
+            (
+                GOOD.replace(
+                    "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                    "routing: { policy: weighted, weights: { gb200-rack: -1 } }",
+                ),
+                "stages[0].routing.weights.gb200-rack: weight -1 must be finite and >= 0",
+            ),
+            (
+                GOOD.replace(
+                    "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                    "routing: { policy: weighted, weights: { gb200-rack: .nan } }",
+                ),
+                "stages[0].routing.weights.gb200-rack: weight NaN must be finite and >= 0",
+            ),
+            (
+                GOOD.replace("policy: priority", "policy: priorty"),
+                "stages[0].routing.policy: unknown variant `priorty`",
+            ),
+            (
+                GOOD.replace("region: eu", "regoin: eu"),
+                "fleets[2]: unknown field `regoin`",
+            ),
+            (
+                GOOD.replace(
+                    "gpus_per_replica: 8 }\n  - name: h200",
+                    "gpus_per_replica: 0 }\n  - name: h200",
+                ),
+                "fleets[0].cost.gpus_per_replica: must be at least 1",
+            ),
+            (
+                format!("{GOOD}default_stage: nope\n"),
+                "default_stage: unknown stage 'nope'",
+            ),
+            (
+                GOOD.replace(
+                    "replicas: { min: 2, max: 6 }",
+                    "replicas: { min: 7, max: 6 }",
+                ),
+                "stages[0].replicas: min 7 is above max 6",
+            ),
+        ];
+        for (yaml, want) in cases {
+            let got = errors(&yaml);
+            assert!(
+                got.iter().any(|g| g.starts_with(want)),
+                "want {want:?}, got {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn every_error_is_reported_at_once() {
+        let yaml = GOOD
+            .replace("order: [gb200-rack, h200-burst]", "order: [x, y]")
+            .replace("\"10.0.0.12:8000\"", "\"10.0.0.11:8000\"");
+        assert_eq!(errors(&yaml).len(), 3);
+    }
+}

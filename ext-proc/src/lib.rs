@@ -1,0 +1,12 @@
+//! fleetroute's ext_proc service: holds fleet health, load and prefix state,
+//! and tells Envoy which fleet (cluster) and replica (host) serves each request.
+
+pub mod admin;
+pub mod bootstrap;
+pub mod config;
+pub mod observe;
+pub mod route;
+pub mod serve;
+pub mod state;
+pub mod stream;
+pub mod topology;

@@ -1,0 +1,161 @@
+//! What came back for a routed request, read from ext_proc's observing stream
+//! (a second ext_proc filter in observability mode: Envoy sends response
+//! headers and body chunks without waiting for replies, so observing adds no
+//! round trip and buffers nothing).
+
+pub mod usage;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+use fleetroute_filter::contract::{self, RouteTag};
+
+use crate::state::load::InflightGuard;
+use crate::state::{Event, Shared};
+use usage::{SseReader, Usage};
+
+/// Largest non-streamed response body kept to read its usage.
+const MAX_JSON_BODY: usize = 4 << 20;
+
+/// One finished request, as the writer learns it.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    pub stage: String,
+    pub fleet: String,
+    pub replica: String,
+    /// The host that actually answered (a retry may differ from `replica`).
+    pub served_by: Option<String>,
+    pub status: Option<u16>,
+    pub time_to_first_byte: Option<Duration>,
+    pub total: Duration,
+    pub usage: Option<Usage>,
+    pub predicted_cached_tokens: u64,
+    pub uncached_tokens: u64,
+    pub stream: bool,
+    /// The response ended before it was complete (reset, or SSE without [DONE]).
+    pub ended_early: bool,
+}
+
+pub struct Observer {
+    shared: Arc<Shared>,
+    started: Instant,
+    route: Option<(String, String, String, u64, u64)>,
+    _inflight: Option<Arc<InflightGuard>>,
+    status: Option<u16>,
+    served_by: Option<String>,
+    first_byte: Option<Duration>,
+    sse: Option<SseReader>,
+    json: Vec<u8>,
+    finished: bool,
+}
+
+fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    map.headers.iter().find(|h| h.key == name).map(|h| {
+        if h.raw_value.is_empty() {
+            h.value.as_str()
+        } else {
+            std::str::from_utf8(&h.raw_value).unwrap_or("")
+        }
+    })
+}
+
+impl Observer {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Observer {
+            shared,
+            started: Instant::now(),
+            route: None,
+            _inflight: None,
+            status: None,
+            served_by: None,
+            first_byte: None,
+            sse: None,
+            json: Vec::new(),
+            finished: false,
+        }
+    }
+
+    pub fn on_request_headers(&mut self, map: &HeaderMap) {
+        if let Some(id) = header(map, "x-request-id") {
+            self._inflight = self.shared.claim_inflight(id);
+        }
+        self.route = header(map, contract::ROUTE)
+            .and_then(RouteTag::decode)
+            .map(|t| {
+                (
+                    t.stage.to_string(),
+                    t.fleet.to_string(),
+                    t.replica.to_string(),
+                    t.predicted_cached_tokens,
+                    t.uncached_tokens,
+                )
+            });
+    }
+
+    pub fn on_response_headers(&mut self, map: &HeaderMap, end_of_stream: bool) {
+        self.status = header(map, ":status").and_then(|s| s.parse().ok());
+        self.served_by = header(map, contract::UPSTREAM_HOST)
+            .filter(|h| !h.is_empty() && *h != "-")
+            .map(str::to_string);
+        if header(map, "content-type").is_some_and(|c| c.starts_with("text/event-stream")) {
+            self.sse = Some(SseReader::default());
+        }
+        if end_of_stream {
+            self.finish(false);
+        }
+    }
+
+    pub fn on_response_body(&mut self, chunk: &[u8], end_of_stream: bool) {
+        if self.first_byte.is_none() && !chunk.is_empty() {
+            self.first_byte = Some(self.started.elapsed());
+        }
+        match &mut self.sse {
+            Some(r) => r.push(chunk),
+            None if self.json.len() + chunk.len() <= MAX_JSON_BODY => {
+                self.json.extend_from_slice(chunk)
+            }
+            None => {}
+        }
+        if end_of_stream {
+            self.finish(false);
+        }
+    }
+
+    /// Called once: at the end of the response, or when the stream goes away
+    /// first (`reset`), which releases the in-flight count either way.
+    pub fn finish(&mut self, reset: bool) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self._inflight = None;
+        let Some((stage, fleet, replica, predicted, uncached)) = self.route.take() else {
+            return;
+        };
+        let (usage, ended_early) = match &self.sse {
+            Some(r) => (r.usage, reset || !r.done),
+            None => (usage::from_json(&self.json), reset),
+        };
+        self.shared.emit(Event::Observed(Box::new(Observation {
+            stage,
+            fleet,
+            replica,
+            served_by: self.served_by.take(),
+            status: self.status,
+            time_to_first_byte: self.first_byte,
+            total: self.started.elapsed(),
+            usage,
+            predicted_cached_tokens: predicted,
+            uncached_tokens: uncached,
+            stream: self.sse.is_some(),
+            ended_early,
+        })));
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.finish(true);
+    }
+}

@@ -1,0 +1,127 @@
+//! Token usage from a response body: the `usage` object of a JSON response,
+//! or of the SSE event that carries it. Only the usage object is parsed.
+
+use serde::Deserialize;
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct PromptDetails {
+    #[serde(default)]
+    pub cached_tokens: u64,
+}
+
+impl Usage {
+    pub fn cached_tokens(&self) -> u64 {
+        self.prompt_tokens_details.map_or(0, |d| d.cached_tokens)
+    }
+}
+
+#[derive(Deserialize)]
+struct WithUsage {
+    #[serde(default)]
+    usage: Option<Usage>,
+}
+
+/// The usage of a whole JSON response body, if it has one.
+pub fn from_json(body: &[u8]) -> Option<Usage> {
+    serde_json::from_slice::<WithUsage>(body).ok()?.usage
+}
+
+/// Reads an SSE stream chunk by chunk, whatever the chunk boundaries.
+#[derive(Debug, Default)]
+pub struct SseReader {
+    line: Vec<u8>,
+    pub usage: Option<Usage>,
+    pub done: bool,
+    pub events: u64,
+}
+
+/// A longer line is not an event we can use; drop it rather than grow.
+const MAX_LINE: usize = 1 << 20;
+
+impl SseReader {
+    pub fn push(&mut self, mut chunk: &[u8]) {
+        while let Some(nl) = chunk.iter().position(|&b| b == b'\n') {
+            if self.line.len() + nl <= MAX_LINE {
+                self.line.extend_from_slice(&chunk[..nl]);
+                let line = std::mem::take(&mut self.line);
+                self.on_line(&line);
+                self.line = line;
+            }
+            self.line.clear();
+            chunk = &chunk[nl + 1..];
+        }
+        if self.line.len() + chunk.len() <= MAX_LINE {
+            self.line.extend_from_slice(chunk);
+        }
+    }
+
+    fn on_line(&mut self, line: &[u8]) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(data) = line.strip_prefix(b"data:") else {
+            return;
+        };
+        let data = data.trim_ascii();
+        self.events += 1;
+        if data == b"[DONE]" {
+            self.done = true;
+        } else if memchr_usage(data)
+            && let Some(u) = from_json(data)
+        {
+            self.usage = Some(u);
+        }
+    }
+}
+
+/// Only events that mention usage are parsed at all.
+fn memchr_usage(data: &[u8]) -> bool {
+    data.windows(7).any(|w| w == b"\"usage\"")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const STREAM: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n\
+data: [DONE]\n\n";
+
+    #[test]
+    fn json_usage() {
+        let u =
+            from_json(br#"{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":1}}"#).unwrap();
+        assert_eq!(
+            (u.prompt_tokens, u.completion_tokens, u.cached_tokens()),
+            (5, 1, 0)
+        );
+        assert!(from_json(b"{}").is_none());
+        assert!(from_json(b"not json").is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn sse_usage_whatever_the_chunking(cuts in proptest::collection::vec(0usize..STREAM.len(), 0..10)) {
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let mut r = SseReader::default();
+            let mut start = 0;
+            for c in cuts.into_iter().chain([STREAM.len()]) {
+                r.push(&STREAM.as_bytes()[start..c]);
+                start = c;
+            }
+            prop_assert!(r.done);
+            prop_assert_eq!(r.usage.map(|u| u.cached_tokens()), Some(32));
+            prop_assert_eq!(r.events, 3);
+        }
+    }
+}

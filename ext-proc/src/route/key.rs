@@ -1,0 +1,78 @@
+//! The route headers the filter wrote, read without JSON and without copying
+//! anything but the block hashes.
+
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+use fleetroute_filter::contract::{self, KeySource};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Most blocks ext-proc reads from one request.
+pub const MAX_BLOCKS: usize = 4096;
+
+#[derive(Debug, Default)]
+pub struct RouteKey<'a> {
+    pub request_id: &'a str,
+    pub model: Option<&'a str>,
+    /// The sampling key; a hash of the request id when the filter found none,
+    /// so such requests spread instead of piling onto one replica.
+    pub key: u64,
+    pub key_source: Option<KeySource>,
+    pub residency: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    pub blocks: Vec<u64>,
+    pub block_tokens: u32,
+    pub prompt_tokens: u32,
+    pub max_tokens: Option<u32>,
+    pub stream: bool,
+}
+
+fn value(h: &envoy_types::pb::envoy::config::core::v3::HeaderValue) -> &str {
+    // Envoy sends values in raw_value; `value` is only a fallback for peers
+    // that do not.
+    if h.raw_value.is_empty() {
+        &h.value
+    } else {
+        std::str::from_utf8(&h.raw_value).unwrap_or("")
+    }
+}
+
+impl<'a> RouteKey<'a> {
+    pub fn from_headers(map: &'a HeaderMap) -> RouteKey<'a> {
+        let mut k = RouteKey::default();
+        let mut key = None;
+        let mut blocks: &[u8] = &[];
+        for h in &map.headers {
+            let name = h.key.as_str();
+            if !name.starts_with(contract::INTERNAL_PREFIX) {
+                if name == "x-request-id" {
+                    k.request_id = value(h);
+                }
+                continue;
+            }
+            let v = value(h);
+            match name {
+                contract::MODEL => k.model = Some(v).filter(|m| !m.is_empty()),
+                contract::KEY => key = contract::decode_u64(v.as_bytes()),
+                contract::KEY_SOURCE => k.key_source = KeySource::parse(v),
+                contract::RESIDENCY => k.residency = Some(v).filter(|r| !r.is_empty()),
+                contract::TENANT => k.tenant = Some(v),
+                contract::BLOCKS => blocks = v.as_bytes(),
+                contract::BLOCK_TOKENS => k.block_tokens = v.parse().unwrap_or(0),
+                contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
+                contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
+                contract::STREAM => k.stream = v == "1",
+                _ => {}
+            }
+        }
+        if !contract::decode_blocks(blocks, MAX_BLOCKS, &mut k.blocks) || k.block_tokens == 0 {
+            k.blocks.clear();
+        }
+        match key {
+            Some(key) => k.key = key,
+            None => {
+                k.key = xxh3_64(k.request_id.as_bytes());
+                k.key_source = None;
+            }
+        }
+        k
+    }
+}

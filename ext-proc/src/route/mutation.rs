@@ -1,0 +1,123 @@
+//! A decision as Envoy needs it: the cluster header for the route, the host
+//! list for the override-host policy, and the tag the observer reads back.
+//! Or a rejection as an immediate JSON response.
+
+use std::collections::HashMap;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingResponse,
+    processing_response::Response,
+};
+use envoy_types::pb::envoy::r#type::v3::HttpStatus;
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use fleetroute_filter::contract::{self, RouteTag};
+
+use super::{Decision, Reject};
+use crate::topology::Topology;
+
+fn header(key: &str, value: String) -> HeaderValueOption {
+    HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.to_string(),
+            raw_value: value.into_bytes(),
+            ..Default::default()
+        }),
+        // OVERWRITE_IF_EXISTS_OR_ADD
+        append_action: 2,
+        ..Default::default()
+    }
+}
+
+fn string_value(s: String) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s)),
+    }
+}
+
+/// The reply that routes the request.
+pub fn route(
+    topo: &Topology,
+    d: &Decision,
+    predicted_cached: u64,
+    uncached: u64,
+) -> ProcessingResponse {
+    let fleet = &topo.fleets[d.fleet];
+    let hosts: Vec<&str> = d
+        .replicas
+        .iter()
+        .map(|&r| fleet.replicas[r].addr.as_str())
+        .collect();
+    let tag = RouteTag {
+        stage: &topo.stages[d.stage].name,
+        fleet: &fleet.name,
+        replica: hosts[0],
+        predicted_cached_tokens: predicted_cached,
+        uncached_tokens: uncached,
+    };
+    let lb = Struct {
+        fields: HashMap::from([(
+            contract::OVERRIDE_HOST_HEADER.to_string(),
+            string_value(hosts.join(",")),
+        )]),
+    };
+    let metadata = Struct {
+        fields: HashMap::from([(
+            contract::OVERRIDE_HOST_NAMESPACE.to_string(),
+            Value {
+                kind: Some(Kind::StructValue(lb)),
+            },
+        )]),
+    };
+    ProcessingResponse {
+        response: Some(Response::RequestHeaders(HeadersResponse {
+            response: Some(CommonResponse {
+                header_mutation: Some(HeaderMutation {
+                    set_headers: vec![
+                        header(contract::CLUSTER, fleet.name.clone()),
+                        header(contract::ROUTE, tag.encode()),
+                    ],
+                    remove_headers: Vec::new(),
+                }),
+                // The route's cluster_header changed: Envoy must match again.
+                clear_route_cache: true,
+                ..Default::default()
+            }),
+        })),
+        dynamic_metadata: Some(metadata),
+        ..Default::default()
+    }
+}
+
+/// The reply that ends the request with a JSON error.
+pub fn reject(r: &Reject) -> ProcessingResponse {
+    let body = serde_json::json!({
+        "error": { "message": r.message(), "type": "routing_error", "code": r.code() }
+    });
+    ProcessingResponse {
+        response: Some(Response::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus {
+                code: i32::from(r.status()),
+            }),
+            headers: Some(HeaderMutation {
+                set_headers: vec![header("content-type", "application/json".into())],
+                remove_headers: Vec::new(),
+            }),
+            body: body.to_string().into_bytes(),
+            details: format!("fleetroute_{}", r.code()),
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+/// The reply that lets a request through unchanged (requests ext-proc is not
+/// asked to route, e.g. a second message on the routing stream).
+pub fn pass() -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Response::RequestHeaders(HeadersResponse {
+            response: Some(CommonResponse::default()),
+        })),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,130 @@
+//! Active health checks: a state machine per replica with hysteresis, and the
+//! task that probes every replica on an interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use tokio::sync::mpsc;
+
+use super::{Event, Shared};
+use crate::config::HealthCheckConfig;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Health {
+    /// Not probed yet: not routed to.
+    Unknown,
+    Healthy,
+    Unhealthy,
+}
+
+/// Flips only after `healthy_threshold` passes or `unhealthy_threshold`
+/// failures in a row; the very first probe decides at once.
+#[derive(Clone, Copy, Debug)]
+pub struct HealthMachine {
+    pub state: Health,
+    streak: u32,
+}
+
+impl Default for HealthMachine {
+    fn default() -> Self {
+        HealthMachine {
+            state: Health::Unknown,
+            streak: 0,
+        }
+    }
+}
+
+impl HealthMachine {
+    /// Records one probe; returns the new state when it flipped.
+    pub fn record(&mut self, ok: bool, cfg: &HealthCheckConfig) -> Option<Health> {
+        let (target, threshold) = if ok {
+            (Health::Healthy, cfg.healthy_threshold)
+        } else {
+            (Health::Unhealthy, cfg.unhealthy_threshold)
+        };
+        if self.state == target {
+            self.streak = 0;
+            return None;
+        }
+        self.streak += 1;
+        if self.state == Health::Unknown || self.streak >= threshold {
+            self.state = target;
+            self.streak = 0;
+            return Some(target);
+        }
+        None
+    }
+}
+
+/// Probes every replica of the current topology each interval, forever.
+pub async fn run_checks(shared: Arc<Shared>, events: mpsc::Sender<Event>) {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(1)
+        .build()
+        .expect("http client");
+    loop {
+        let snap = shared.snapshot();
+        let cfg = &snap.topo.health_check;
+        let timeout = Duration::from_millis(cfg.timeout_ms);
+        let mut probes = Vec::new();
+        for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+            for (r, replica) in fleet.replicas.iter().enumerate() {
+                let url = format!("http://{}{}", replica.addr, cfg.path);
+                let client = &client;
+                probes.push(async move {
+                    let ok = matches!(
+                        client.get(&url).timeout(timeout).send().await,
+                        Ok(resp) if resp.status().is_success()
+                    );
+                    (f, r, ok)
+                });
+            }
+        }
+        for (fleet, replica, ok) in join_all(probes).await {
+            let _ = events
+                .send(Event::Health {
+                    generation: snap.topo.generation,
+                    fleet,
+                    replica,
+                    ok,
+                })
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(cfg.interval_ms)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hysteresis() {
+        let cfg = HealthCheckConfig {
+            healthy_threshold: 2,
+            unhealthy_threshold: 3,
+            ..Default::default()
+        };
+        let mut m = HealthMachine::default();
+        assert_eq!(
+            m.record(true, &cfg),
+            Some(Health::Healthy),
+            "first probe decides"
+        );
+        assert_eq!(m.record(false, &cfg), None);
+        assert_eq!(m.record(false, &cfg), None);
+        assert_eq!(
+            m.record(true, &cfg),
+            None,
+            "a pass resets the failure streak"
+        );
+        assert_eq!(m.record(false, &cfg), None);
+        assert_eq!(m.record(false, &cfg), None);
+        assert_eq!(m.record(false, &cfg), Some(Health::Unhealthy));
+        assert_eq!(m.record(true, &cfg), None);
+        assert_eq!(m.record(true, &cfg), Some(Health::Healthy));
+    }
+}

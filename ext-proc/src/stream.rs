@@ -1,0 +1,105 @@
+//! The ext_proc gRPC service. Two kinds of stream arrive: the routing filter's
+//! (request headers only; each gets a decision) and the observing filter's
+//! (observability mode: request and response headers and body, no replies).
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpHeaders, ProcessingRequest, ProcessingResponse, processing_request::Request,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use crate::observe::Observer;
+use crate::route::{self, key::RouteKey, mutation};
+use crate::state::{Event, Routed, Shared};
+
+pub struct Service {
+    shared: Arc<Shared>,
+}
+
+impl Service {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Service { shared }
+    }
+}
+
+/// Decides one request from its headers.
+pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingResponse {
+    let Some(map) = headers.headers.as_ref() else {
+        return mutation::pass();
+    };
+    let key = RouteKey::from_headers(map);
+    let snap = shared.snapshot();
+    let decision = match route::decide(&snap, &key) {
+        Ok(d) => d,
+        Err(reject) => return mutation::reject(&reject),
+    };
+    let topo = &snap.topo;
+    let fleet = &topo.fleets[decision.fleet];
+    let replica = &fleet.replicas[decision.replicas[0]];
+    shared.hold_inflight(key.request_id, replica.load.start());
+    shared.emit(Event::Routed(Box::new(Routed {
+        request_id: key.request_id.to_string(),
+        stage: topo.stages[decision.stage].name.clone(),
+        fleet: fleet.name.clone(),
+        replica: replica.addr.clone(),
+        key_source: key.key_source.map_or("none", |s| s.as_str()),
+    })));
+    let uncached = u64::from(key.prompt_tokens);
+    mutation::route(topo, &decision, 0, uncached)
+}
+
+#[tonic::async_trait]
+impl ExternalProcessor for Service {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+
+    async fn process(
+        &self,
+        request: tonic::Request<Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
+        let mut inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(4);
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let mut observer: Option<Observer> = None;
+            // A reset stream ends the loop like a clean close; the observer's
+            // drop then releases the request's in-flight count.
+            while let Ok(Some(msg)) = inbound.message().await {
+                if msg.observability_mode {
+                    let obs = observer.get_or_insert_with(|| Observer::new(shared.clone()));
+                    match &msg.request {
+                        Some(Request::RequestHeaders(h)) => {
+                            if let Some(map) = &h.headers {
+                                obs.on_request_headers(map);
+                            }
+                        }
+                        Some(Request::ResponseHeaders(h)) => {
+                            if let Some(map) = &h.headers {
+                                obs.on_response_headers(map, h.end_of_stream);
+                            }
+                        }
+                        Some(Request::ResponseBody(b)) => {
+                            obs.on_response_body(&b.body, b.end_of_stream)
+                        }
+                        Some(Request::ResponseTrailers(_)) => obs.finish(false),
+                        _ => {}
+                    }
+                    continue;
+                }
+                let reply = match &msg.request {
+                    Some(Request::RequestHeaders(h)) => route_request(&shared, h),
+                    // The routing filter asks for request headers only; anything
+                    // else is answered so Envoy never waits on us.
+                    _ => mutation::pass(),
+                };
+                if tx.send(Ok(reply)).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}

@@ -1,0 +1,192 @@
+//! The config compiled for routing: names resolved to indices, residency
+//! expanded, per-replica live counters attached. Immutable; a reload or an
+//! admin change builds a new one.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use xxhash_rust::xxh3::xxh3_64;
+
+use crate::config::{
+    Bounds, CapacityConfig, CostConfig, HealthCheckConfig, PolicyKind, RouterConfig,
+};
+use crate::state::load::ReplicaLoad;
+
+#[derive(Debug)]
+pub struct Topology {
+    pub fleets: Vec<Fleet>,
+    pub stages: Vec<Stage>,
+    pub by_model: HashMap<String, usize>,
+    pub by_stage_name: HashMap<String, usize>,
+    pub default_stage: Option<usize>,
+    pub health_check: HealthCheckConfig,
+    /// Bumped on every rebuild, so events about an older topology are dropped.
+    pub generation: u64,
+}
+
+#[derive(Debug)]
+pub struct Fleet {
+    pub name: String,
+    pub region: String,
+    pub replicas: Vec<Replica>,
+    pub capacity: CapacityConfig,
+    pub cost: Option<CostConfig>,
+    pub hosts: Option<Bounds>,
+}
+
+#[derive(Debug)]
+pub struct Replica {
+    /// `ip:port`, exactly as the Envoy cluster lists it.
+    pub addr: String,
+    /// Identity for rendezvous hashing: a replica keeps its keys across
+    /// reloads as long as its fleet and address stay the same.
+    pub seed: u64,
+    pub load: Arc<ReplicaLoad>,
+}
+
+#[derive(Debug)]
+pub struct Stage {
+    pub name: String,
+    /// Indices into `Topology::fleets`, in the stage's listed order.
+    pub fleets: Vec<usize>,
+    /// Sorted regions the stage may use.
+    pub residency: Vec<String>,
+    pub replicas: Option<Bounds>,
+    pub policy: Policy,
+}
+
+/// A stage's policy with its fleets resolved to `Topology::fleets` indices.
+#[derive(Clone, Debug)]
+pub enum Policy {
+    Priority {
+        order: Vec<usize>,
+    },
+    /// Weight per fleet index (same length as `Topology::fleets`; 0 = not in the split).
+    Weighted {
+        weights: Vec<f64>,
+    },
+    Latency,
+    Cost,
+}
+
+pub fn replica_seed(fleet: &str, addr: &str) -> u64 {
+    xxh3_64(format!("{fleet}/{addr}").as_bytes())
+}
+
+impl Topology {
+    /// Builds from a validated config. `loads` hands out the live counters, so a
+    /// replica that survives a reload keeps its in-flight count.
+    pub fn build(
+        cfg: &RouterConfig,
+        generation: u64,
+        mut loads: impl FnMut(&str, &str) -> Arc<ReplicaLoad>,
+    ) -> Topology {
+        let fleet_idx: HashMap<&str, usize> = cfg
+            .fleets
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.as_str(), i))
+            .collect();
+        let fleets = cfg
+            .fleets
+            .iter()
+            .map(|f| Fleet {
+                name: f.name.clone(),
+                region: f.region.clone(),
+                replicas: f
+                    .endpoints
+                    .iter()
+                    .map(|a| Replica {
+                        addr: a.clone(),
+                        seed: replica_seed(&f.name, a),
+                        load: loads(&f.name, a),
+                    })
+                    .collect(),
+                capacity: f.capacity.clone(),
+                cost: f.cost.clone(),
+                hosts: f.hosts,
+            })
+            .collect::<Vec<_>>();
+        let stages = cfg
+            .stages
+            .iter()
+            .map(|s| {
+                let idx: Vec<usize> = s.fleets.iter().map(|n| fleet_idx[n.as_str()]).collect();
+                let mut residency = match &s.residency {
+                    Some(r) => r.to_vec(),
+                    None => idx.iter().map(|&i| fleets[i].region.clone()).collect(),
+                };
+                residency.sort();
+                residency.dedup();
+                let r = &s.routing;
+                let policy = match r.policy {
+                    PolicyKind::Priority => Policy::Priority {
+                        order: match &r.order {
+                            Some(o) => o.iter().map(|n| fleet_idx[n.as_str()]).collect(),
+                            None => idx.clone(),
+                        },
+                    },
+                    PolicyKind::Weighted => {
+                        let mut weights = vec![0.0; fleets.len()];
+                        for &i in &idx {
+                            weights[i] = r
+                                .weights
+                                .as_ref()
+                                .and_then(|w| w.get(&fleets[i].name).copied())
+                                .unwrap_or(1.0);
+                        }
+                        Policy::Weighted { weights }
+                    }
+                    PolicyKind::Latency => Policy::Latency,
+                    PolicyKind::Cost => Policy::Cost,
+                };
+                Stage {
+                    name: s.name.clone(),
+                    fleets: idx,
+                    residency,
+                    replicas: s.replicas,
+                    policy,
+                }
+            })
+            .collect::<Vec<_>>();
+        let mut by_model = HashMap::new();
+        for (i, s) in cfg.stages.iter().enumerate() {
+            for m in &s.models {
+                by_model.insert(m.clone(), i);
+            }
+        }
+        let by_stage_name: HashMap<String, usize> = stages
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
+        Topology {
+            default_stage: cfg.default_stage.as_ref().map(|d| by_stage_name[d]),
+            fleets,
+            stages,
+            by_model,
+            by_stage_name,
+            health_check: cfg.health_check.clone(),
+            generation,
+        }
+    }
+
+    pub fn fleet_index(&self, name: &str) -> Option<usize> {
+        self.fleets.iter().position(|f| f.name == name)
+    }
+}
+
+impl Topology {
+    /// No fleets, no stages: the state before the first config.
+    pub fn empty() -> Topology {
+        Topology {
+            fleets: Vec::new(),
+            stages: Vec::new(),
+            by_model: HashMap::new(),
+            by_stage_name: HashMap::new(),
+            default_stage: None,
+            health_check: HealthCheckConfig::default(),
+            generation: 0,
+        }
+    }
+}

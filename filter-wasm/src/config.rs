@@ -1,0 +1,138 @@
+//! Plugin configuration: the JSON in the Envoy YAML's `configuration` field.
+
+use serde::Deserialize;
+
+use crate::contract::INTERNAL_PREFIX;
+
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct FilterConfig {
+    /// Request paths whose JSON bodies are read. Anything else passes untouched
+    /// (internal headers are still stripped).
+    pub paths: Vec<String>,
+    /// Largest body the filter reads; a larger one gets a 413 JSON error. Keep it
+    /// at or below the route's `request_body_buffer_limit`.
+    pub max_body_bytes: usize,
+    /// Prompt bytes per prefix block (about 4 bytes per token).
+    pub block_bytes: usize,
+    /// Most blocks hashed per prompt; the tail of longer prompts is not indexed.
+    pub max_blocks: usize,
+    /// Client header carrying a residency (comma-separated regions), if any.
+    pub residency_header: Option<String>,
+    /// Client header naming the tenant. Without it the tenant is a hash of the
+    /// bearer token (never the token itself).
+    pub tenant_header: Option<String>,
+}
+
+impl Default for FilterConfig {
+    fn default() -> Self {
+        FilterConfig {
+            paths: vec!["/v1/chat/completions".into(), "/v1/completions".into()],
+            max_body_bytes: 1 << 20,
+            block_bytes: 1024,
+            max_blocks: 256,
+            residency_header: Some("x-residency".into()),
+            tenant_header: None,
+        }
+    }
+}
+
+/// Bytes per token used for every token estimate from text.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+impl FilterConfig {
+    /// Parses and validates; the error names the offending field.
+    pub fn parse(json: &[u8]) -> Result<Self, String> {
+        let cfg: FilterConfig = if json.iter().all(u8::is_ascii_whitespace) {
+            FilterConfig::default()
+        } else {
+            serde_json::from_slice(json).map_err(|e| format!("plugin configuration: {e}"))?
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.paths.is_empty() {
+            return Err("paths: must list at least one path".into());
+        }
+        for (i, p) in self.paths.iter().enumerate() {
+            if !p.starts_with('/') {
+                return Err(format!("paths[{i}]: '{p}' must start with '/'"));
+            }
+        }
+        if self.max_body_bytes == 0 || self.max_body_bytes > 64 << 20 {
+            return Err("max_body_bytes: must be between 1 and 67108864".into());
+        }
+        if self.block_bytes < 16 || !self.block_bytes.is_multiple_of(BYTES_PER_TOKEN) {
+            return Err(format!(
+                "block_bytes: must be a multiple of {BYTES_PER_TOKEN} and at least 16"
+            ));
+        }
+        if self.max_blocks == 0 || self.max_blocks > 4096 {
+            return Err("max_blocks: must be between 1 and 4096".into());
+        }
+        for (field, value) in [
+            ("residency_header", &self.residency_header),
+            ("tenant_header", &self.tenant_header),
+        ] {
+            if let Some(h) = value {
+                check_client_header(field, h)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn block_tokens(&self) -> usize {
+        self.block_bytes / BYTES_PER_TOKEN
+    }
+}
+
+fn check_client_header(field: &str, name: &str) -> Result<(), String> {
+    let valid = !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if !valid {
+        return Err(format!(
+            "{field}: '{name}' must be a lowercase HTTP header name"
+        ));
+    }
+    if name.starts_with(INTERNAL_PREFIX) {
+        return Err(format!(
+            "{field}: '{name}' uses the internal prefix '{INTERNAL_PREFIX}', which clients may never set"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_configuration_is_the_default() {
+        assert_eq!(FilterConfig::parse(b"").unwrap(), FilterConfig::default());
+        assert_eq!(FilterConfig::parse(b"{}").unwrap(), FilterConfig::default());
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (r#"{"max_blocks": 0}"#, "max_blocks"),
+            (r#"{"block_bytes": 10}"#, "block_bytes"),
+            (r#"{"paths": ["v1/x"]}"#, "paths[0]"),
+            (r#"{"tenant_header": "X-Tenant"}"#, "tenant_header"),
+            (
+                r#"{"residency_header": "x-fleetroute-residency"}"#,
+                "residency_header",
+            ),
+            (r#"{"max_body_byte": 10}"#, "max_body_byte"),
+            (r#"{"max_body_bytes": "big"}"#, "plugin configuration"),
+        ];
+        for (json, field) in cases {
+            let err = FilterConfig::parse(json.as_bytes()).unwrap_err();
+            assert!(err.contains(field), "{json}: {err}");
+        }
+    }
+}

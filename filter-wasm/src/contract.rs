@@ -1,0 +1,253 @@
+//! The wire contract between the Wasm filter and ext-proc.
+//!
+//! This module is the only place that names the internal headers or defines how
+//! their values are written; both halves compile it, so they cannot drift apart.
+//! Every internal header starts with [`INTERNAL_PREFIX`]. The filter removes any
+//! client-supplied copy before anything reads it, and the Envoy route removes them
+//! all again before the request goes upstream.
+
+/// Prefix shared by every internal header. Client-facing inputs never use it.
+pub const INTERNAL_PREFIX: &str = "x-fleetroute-";
+
+/// Header the override-host load-balancing policy understands (the Gateway API
+/// Inference Extension convention). fleetroute sets it only as dynamic metadata;
+/// the filter strips a client's copy so it can never steer a request.
+pub const OVERRIDE_HOST_HEADER: &str = "x-gateway-destination-endpoint";
+/// Dynamic-metadata namespace the override-host policy reads.
+pub const OVERRIDE_HOST_NAMESPACE: &str = "envoy.lb";
+
+// Written by the filter, read by ext-proc.
+pub const MODEL: &str = "x-fleetroute-model";
+pub const KEY: &str = "x-fleetroute-key";
+pub const KEY_SOURCE: &str = "x-fleetroute-key-source";
+pub const RESIDENCY: &str = "x-fleetroute-residency";
+pub const TENANT: &str = "x-fleetroute-tenant";
+pub const BLOCKS: &str = "x-fleetroute-blocks";
+pub const BLOCK_TOKENS: &str = "x-fleetroute-block-tokens";
+pub const PROMPT_TOKENS: &str = "x-fleetroute-prompt-tokens";
+pub const MAX_TOKENS: &str = "x-fleetroute-max-tokens";
+pub const STREAM: &str = "x-fleetroute-stream";
+/// How far the filter got with the body: see [`ParseStatus`].
+pub const PARSE: &str = "x-fleetroute-parse";
+
+// Written by ext-proc.
+/// The route's `cluster_header`: the fleet (Envoy cluster) chosen.
+pub const CLUSTER: &str = "x-fleetroute-cluster";
+/// The decision as the observing stream needs it: see [`RouteTag`].
+pub const ROUTE: &str = "x-fleetroute-route";
+/// The route's mirror `cluster_header`: a shadow fleet, when one is sampled.
+pub const SHADOW: &str = "x-fleetroute-shadow";
+
+// Added by the Envoy route to responses, read by ext-proc, stripped by the filter.
+pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
+
+/// Every request header the contract defines; the Envoy route removes these
+/// before upstream (its `request_headers_to_remove` must list them all).
+pub const REQUEST_HEADERS: &[&str] = &[
+    MODEL,
+    KEY,
+    KEY_SOURCE,
+    RESIDENCY,
+    TENANT,
+    BLOCKS,
+    BLOCK_TOKENS,
+    PROMPT_TOKENS,
+    MAX_TOKENS,
+    STREAM,
+    PARSE,
+    CLUSTER,
+    ROUTE,
+    SHADOW,
+];
+
+/// Where the sampling key came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeySource {
+    PromptCacheKey,
+    User,
+    Content,
+}
+
+impl KeySource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeySource::PromptCacheKey => "prompt_cache_key",
+            KeySource::User => "user",
+            KeySource::Content => "content",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "prompt_cache_key" => Some(KeySource::PromptCacheKey),
+            "user" => Some(KeySource::User),
+            "content" => Some(KeySource::Content),
+            _ => None,
+        }
+    }
+}
+
+/// How far the filter got with a request body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ParseStatus {
+    /// A JSON object of the expected shape: every field was extracted.
+    Ok,
+    /// Valid JSON, but not the expected shape; only the model (if any) was taken.
+    BadShape,
+    /// Not JSON (or not UTF-8): nothing was extracted.
+    NotJson,
+}
+
+impl ParseStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParseStatus::Ok => "ok",
+            ParseStatus::BadShape => "bad_shape",
+            ParseStatus::NotJson => "not_json",
+        }
+    }
+}
+
+/// A 64-bit hash as a fixed-width header value.
+pub fn encode_u64(v: u64) -> String {
+    format!("{v:016x}")
+}
+
+pub fn decode_u64(s: &[u8]) -> Option<u64> {
+    if s.len() != 16 {
+        return None;
+    }
+    let mut v = 0u64;
+    for &c in s {
+        v = (v << 4) | u64::from(hex_digit(c)?);
+    }
+    Some(v)
+}
+
+/// Block hashes as one header value: 16 hex digits each, no separator, so a
+/// reader can decode them without allocating per block.
+pub fn encode_blocks(blocks: &[u64]) -> String {
+    let mut out = String::with_capacity(blocks.len() * 16);
+    for b in blocks {
+        use std::fmt::Write;
+        let _ = write!(out, "{b:016x}");
+    }
+    out
+}
+
+/// Decodes into `out` (cleared first), at most `max` blocks. A malformed value
+/// yields no blocks at all rather than a wrong prefix.
+pub fn decode_blocks(s: &[u8], max: usize, out: &mut Vec<u64>) -> bool {
+    out.clear();
+    if !s.len().is_multiple_of(16) {
+        return false;
+    }
+    for chunk in s.chunks_exact(16).take(max) {
+        match decode_u64(chunk) {
+            Some(v) => out.push(v),
+            None => {
+                out.clear();
+                return false;
+            }
+        }
+    }
+    true
+}
+
+fn hex_digit(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// The decision as ext-proc's observing stream reads it back from the request:
+/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RouteTag<'a> {
+    pub stage: &'a str,
+    pub fleet: &'a str,
+    pub replica: &'a str,
+    pub predicted_cached_tokens: u64,
+    pub uncached_tokens: u64,
+}
+
+impl<'a> RouteTag<'a> {
+    pub fn encode(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}",
+            self.stage,
+            self.fleet,
+            self.replica,
+            self.predicted_cached_tokens,
+            self.uncached_tokens
+        )
+    }
+
+    pub fn decode(s: &'a str) -> Option<Self> {
+        let mut it = s.split('|');
+        let tag = RouteTag {
+            stage: it.next()?,
+            fleet: it.next()?,
+            replica: it.next()?,
+            predicted_cached_tokens: it.next()?.parse().ok()?,
+            uncached_tokens: it.next()?.parse().ok()?,
+        };
+        it.next().is_none().then_some(tag)
+    }
+}
+
+/// Residency header value: comma-separated region names.
+pub fn split_regions(s: &str) -> impl Iterator<Item = &str> {
+    s.split(',').map(str::trim).filter(|r| !r.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn every_request_header_has_the_prefix() {
+        for h in REQUEST_HEADERS {
+            assert!(h.starts_with(INTERNAL_PREFIX), "{h}");
+        }
+        assert!(UPSTREAM_HOST.starts_with(INTERNAL_PREFIX));
+        assert!(!OVERRIDE_HOST_HEADER.starts_with(INTERNAL_PREFIX));
+    }
+
+    #[test]
+    fn malformed_blocks_decode_to_nothing() {
+        let mut out = vec![1, 2];
+        assert!(!decode_blocks(b"0123", 8, &mut out));
+        assert!(out.is_empty());
+        assert!(!decode_blocks(b"000000000000000g", 8, &mut out));
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn route_tag_rejects_extra_fields() {
+        assert!(RouteTag::decode("a|b|c|1|2|3").is_none());
+        assert!(RouteTag::decode("a|b|c|x|2").is_none());
+    }
+
+    proptest! {
+        #[test]
+        fn blocks_round_trip(blocks in proptest::collection::vec(any::<u64>(), 0..300)) {
+            let mut out = Vec::new();
+            prop_assert!(decode_blocks(encode_blocks(&blocks).as_bytes(), usize::MAX, &mut out));
+            prop_assert_eq!(out, blocks);
+        }
+
+        #[test]
+        fn route_tag_round_trips(stage in "[a-z/-]{1,20}", fleet in "[a-z-]{1,20}",
+                                 replica in "[0-9.:]{1,21}", c in any::<u64>(), u in any::<u64>()) {
+            let tag = RouteTag { stage: &stage, fleet: &fleet, replica: &replica,
+                                 predicted_cached_tokens: c, uncached_tokens: u };
+            let s = tag.encode();
+            prop_assert_eq!(RouteTag::decode(&s), Some(tag));
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! Everything routing needs from a request body, extracted in one pass.
+
+pub mod key;
+pub mod model;
+pub mod prefix;
+pub mod request;
+pub mod tenant;
+
+use crate::config::{BYTES_PER_TOKEN, FilterConfig};
+use crate::contract::{self, KeySource, ParseStatus};
+use request::{ModelOnly, Request};
+use serde::de::IgnoredAny;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Extraction {
+    pub status: ParseStatus,
+    pub model: Option<String>,
+    pub key: Option<(u64, KeySource)>,
+    pub blocks: Vec<u64>,
+    pub prompt_tokens: u64,
+    pub max_tokens: Option<u64>,
+    pub stream: bool,
+}
+
+impl Extraction {
+    fn empty(status: ParseStatus, model: Option<String>) -> Self {
+        Extraction {
+            status,
+            model,
+            key: None,
+            blocks: Vec::new(),
+            prompt_tokens: 0,
+            max_tokens: None,
+            stream: false,
+        }
+    }
+
+    /// The route headers this extraction writes, in the contract's encoding.
+    pub fn headers(&self, cfg: &FilterConfig) -> Vec<(&'static str, String)> {
+        let mut h = vec![(contract::PARSE, self.status.as_str().to_string())];
+        if let Some(m) = &self.model {
+            h.push((contract::MODEL, m.clone()));
+        }
+        if let Some((k, source)) = self.key {
+            h.push((contract::KEY, contract::encode_u64(k)));
+            h.push((contract::KEY_SOURCE, source.as_str().to_string()));
+        }
+        if self.status == ParseStatus::Ok {
+            h.push((contract::BLOCKS, contract::encode_blocks(&self.blocks)));
+            h.push((contract::BLOCK_TOKENS, cfg.block_tokens().to_string()));
+            h.push((contract::PROMPT_TOKENS, self.prompt_tokens.to_string()));
+            h.push((
+                contract::STREAM,
+                if self.stream { "1" } else { "0" }.to_string(),
+            ));
+            if let Some(m) = self.max_tokens {
+                h.push((contract::MAX_TOKENS, m.to_string()));
+            }
+        }
+        h
+    }
+}
+
+/// Reads a whole request body. Never fails: a body it cannot read yields an
+/// extraction whose status says how far it got.
+pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
+    // serde_json skips unread strings without checking them; a body that is not
+    // UTF-8 is not JSON, whichever field holds the bad bytes.
+    if std::str::from_utf8(body).is_err() {
+        return Extraction::empty(ParseStatus::NotJson, None);
+    }
+    let req: Request<'_> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(_) => {
+            // Wrong shape is still worth its model, so the stage can be found.
+            let m = serde_json::from_slice::<ModelOnly<'_>>(body)
+                .ok()
+                .and_then(|m| m.model.as_deref().and_then(model::model));
+            let json = m.is_some() || serde_json::from_slice::<IgnoredAny>(body).is_ok();
+            let status = if json {
+                ParseStatus::BadShape
+            } else {
+                ParseStatus::NotJson
+            };
+            return Extraction::empty(status, m);
+        }
+    };
+    let mut canonical = Vec::with_capacity(body.len());
+    if let Some(messages) = &req.messages {
+        prefix::canonical_messages(messages, &mut canonical);
+    } else if let Some(p) = &req.prompt {
+        prefix::canonical_prompt(p, &mut canonical);
+    }
+    Extraction {
+        status: ParseStatus::Ok,
+        model: req.model.as_deref().and_then(model::model),
+        key: key::sampling_key(&req, &canonical, cfg.block_bytes),
+        blocks: prefix::block_hashes(&canonical, cfg.block_bytes, cfg.max_blocks),
+        prompt_tokens: canonical.len().div_ceil(BYTES_PER_TOKEN) as u64,
+        max_tokens: req.max_completion_tokens.or(req.max_tokens),
+        stream: req.stream.unwrap_or(false),
+    }
+}
+
+/// The canonical prompt text of a body (chat or completions), as the filter
+/// hashes it; `None` when the body is not a request of the expected shape.
+/// Engines that model a prefix cache use this to agree with the router.
+pub fn canonical_text(body: &[u8]) -> Option<Vec<u8>> {
+    let req: Request<'_> = serde_json::from_slice(body).ok()?;
+    let mut out = Vec::new();
+    if let Some(messages) = &req.messages {
+        prefix::canonical_messages(messages, &mut out);
+    } else if let Some(p) = &req.prompt {
+        prefix::canonical_prompt(p, &mut out);
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> FilterConfig {
+        FilterConfig {
+            block_bytes: 16,
+            ..FilterConfig::default()
+        }
+    }
+
+    fn chat(turns: &[(&str, &str)], extra: &str) -> Vec<u8> {
+        let msgs: Vec<String> = turns
+            .iter()
+            .map(|(r, c)| format!(r#"{{"role":"{r}","content":"{c}"}}"#))
+            .collect();
+        format!(r#"{{"model":"m1","messages":[{}]{extra}}}"#, msgs.join(",")).into_bytes()
+    }
+
+    #[test]
+    fn key_precedence() {
+        let c = cfg();
+        let base = chat(&[("user", "hello there")], "");
+        let by_content = extract(&base, &c);
+        assert_eq!(by_content.key.unwrap().1, KeySource::Content);
+        let by_user = extract(&chat(&[("user", "hello there")], r#","user":"u1""#), &c);
+        assert_eq!(by_user.key.unwrap().1, KeySource::User);
+        let by_pck = extract(
+            &chat(
+                &[("user", "hello there")],
+                r#","user":"u1","prompt_cache_key":"k""#,
+            ),
+            &c,
+        );
+        assert_eq!(by_pck.key.unwrap().1, KeySource::PromptCacheKey);
+        assert_ne!(by_user.key, by_pck.key);
+    }
+
+    #[test]
+    fn turns_of_a_conversation_share_key_and_prefix() {
+        let c = cfg();
+        let t1 = extract(
+            &chat(
+                &[
+                    ("system", "be brief and exact"),
+                    ("user", "what is a fleet?"),
+                ],
+                "",
+            ),
+            &c,
+        );
+        let t2 = extract(
+            &chat(
+                &[
+                    ("system", "be brief and exact"),
+                    ("user", "what is a fleet?"),
+                    ("assistant", "a set of replicas"),
+                    ("user", "and a stage?"),
+                ],
+                "",
+            ),
+            &c,
+        );
+        assert_eq!(t1.key, t2.key);
+        assert!(!t1.blocks.is_empty());
+        assert_eq!(t1.blocks[..], t2.blocks[..t1.blocks.len()]);
+        assert!(t2.blocks.len() > t1.blocks.len());
+        assert!(t2.prompt_tokens > t1.prompt_tokens);
+    }
+
+    #[test]
+    fn fields_are_extracted() {
+        let body = br#"{"model":"ds-flash","prompt":"abcdefghijklmnopqrstuvwxyz0123456789","max_tokens":7,"stream":true}"#;
+        let e = extract(body, &cfg());
+        assert_eq!(e.status, ParseStatus::Ok);
+        assert_eq!(e.model.as_deref(), Some("ds-flash"));
+        assert_eq!(e.blocks.len(), 2);
+        assert_eq!(e.max_tokens, Some(7));
+        assert!(e.stream);
+        assert_eq!(e.prompt_tokens, 9);
+        let parts = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
+        assert_eq!(extract(parts, &cfg()).status, ParseStatus::Ok);
+    }
+
+    #[test]
+    fn unreadable_bodies_degrade() {
+        let c = cfg();
+        assert_eq!(extract(b"not json", &c).status, ParseStatus::NotJson);
+        assert_eq!(
+            extract(b"{\"model\":\"m\xff\"}", &c).status,
+            ParseStatus::NotJson
+        );
+        let bad = extract(br#"{"model":"m1","messages":7}"#, &c);
+        assert_eq!(
+            (bad.status, bad.model.as_deref()),
+            (ParseStatus::BadShape, Some("m1"))
+        );
+        assert_eq!(bad.headers(&c).len(), 2, "only parse status and model");
+        assert_eq!(extract(b"[1,2]", &c).status, ParseStatus::BadShape);
+    }
+}

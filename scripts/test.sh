@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting, lints, unit and property tests, and the
+# end-to-end scenarios through real Envoy. Installs what it needs first.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+echo "==> clippy (native, all targets)"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "==> clippy (the filter as Wasm)"
+cargo clippy -p fleetroute-filter --target wasm32-wasip1 -- -D warnings
+echo "==> build"
+scripts/build.sh
+echo "==> tests"
+# End-to-end scenarios each start their own Envoy, ext-proc and engines on
+# free loopback ports; two at a time keeps a 2-core machine responsive.
+cargo test --workspace -- --test-threads "${TEST_THREADS:-2}"

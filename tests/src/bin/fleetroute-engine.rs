@@ -1,0 +1,80 @@
+//! The simulated inference engine: one process, one or more replicas.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+
+use clap::Parser;
+use fleetroute_tests::engine::latency::LatencyModel;
+use fleetroute_tests::engine::replica::ReplicaSettings;
+use fleetroute_tests::engine::{EngineConfig, run};
+
+#[derive(Parser)]
+#[command(
+    about = "Simulated OpenAI-compatible inference engine (prefix cache, batching, streaming)"
+)]
+struct Args {
+    /// A replica as NAME=127.0.0.1:PORT (repeatable; port 0 picks a free one).
+    #[arg(long = "replica", required = true, value_parser = parse_replica)]
+    replicas: Vec<(String, SocketAddr)>,
+    /// Address of the control endpoint (faults, state).
+    #[arg(long)]
+    control: Option<SocketAddr>,
+    /// Prompt bytes per prefix-cache block; must match the router's filter.
+    #[arg(long, default_value_t = 1024)]
+    block_bytes: usize,
+    /// Prefix-cache capacity of each replica, in tokens.
+    #[arg(long, default_value_t = 200_000)]
+    cache_tokens: usize,
+    #[arg(long, default_value_t = 20_000.0)]
+    prefill_tokens_per_sec: f64,
+    #[arg(long, default_value_t = 2.0)]
+    decode_ms_per_token: f64,
+    /// Requests running at once per replica; more wait in a FIFO queue.
+    #[arg(long, default_value_t = 8)]
+    max_batch: usize,
+    /// Completion length when a request sets no max_tokens.
+    #[arg(long, default_value_t = 16)]
+    default_max_tokens: u64,
+    /// Accepted model names, comma-separated; empty accepts any.
+    #[arg(long, value_delimiter = ',', default_value = "")]
+    models: Vec<String>,
+}
+
+fn parse_replica(s: &str) -> Result<(String, SocketAddr), String> {
+    let (name, addr) = s.split_once('=').ok_or("expected NAME=127.0.0.1:PORT")?;
+    let addr = addr.parse().map_err(|e| format!("'{addr}': {e}"))?;
+    Ok((name.to_string(), addr))
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .init();
+    let a = Args::parse();
+    let cfg = EngineConfig {
+        replicas: a.replicas,
+        control: a.control,
+        settings: ReplicaSettings {
+            block_bytes: a.block_bytes,
+            cache_tokens: a.cache_tokens,
+            latency: LatencyModel {
+                prefill_tokens_per_sec: a.prefill_tokens_per_sec,
+                decode_ms_per_token: a.decode_ms_per_token,
+                max_batch: a.max_batch,
+            },
+            default_max_tokens: a.default_max_tokens,
+            models: a.models.into_iter().filter(|m| !m.is_empty()).collect(),
+        },
+    };
+    match run(cfg).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleetroute-engine: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The completion handlers: queue for a batch slot, look up and fill the prefix
+//! cache, sleep for prefill, then decode (all at once, or a chunk per token).
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Extension;
+use axum::Json;
+use axum::body::Body;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use fleetroute_filter::config::BYTES_PER_TOKEN;
+use fleetroute_filter::extract::prefix::block_hashes;
+use tokio::time::{Instant, sleep, sleep_until};
+
+use super::latency::duration;
+use super::openai::{ApiError, Endpoint, Output, Params, Reply, SSE_DONE, Usage};
+use super::replica::{Replica, Running};
+use super::server::Kill;
+
+pub async fn chat(
+    State(rep): State<Arc<Replica>>,
+    kill: Option<Extension<Kill>>,
+    body: Bytes,
+) -> Response {
+    complete(rep, Endpoint::Chat, kill.map(|k| k.0), body).await
+}
+
+pub async fn completions(
+    State(rep): State<Arc<Replica>>,
+    kill: Option<Extension<Kill>>,
+    body: Bytes,
+) -> Response {
+    complete(rep, Endpoint::Completions, kill.map(|k| k.0), body).await
+}
+
+/// One request, from admission to the last token.
+struct Job {
+    rep: Arc<Replica>,
+    reply: Reply,
+    output: Output,
+    usage: Usage,
+    finish_reason: &'static str,
+    /// The token index at which a `die_after_tokens` fault breaks the request.
+    die_at: Option<u64>,
+    _slot: Running,
+}
+
+async fn complete(
+    rep: Arc<Replica>,
+    endpoint: Endpoint,
+    kill: Option<Kill>,
+    body: Bytes,
+) -> Response {
+    let fault = rep.fault();
+    if let Some(status) = fault.status {
+        return ApiError::injected(status).into_response();
+    }
+    if fault.hang {
+        rep.unhung().await;
+    }
+    let params = match Params::parse(endpoint, &body) {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    let models = &rep.settings.models;
+    if !models.is_empty() && !models.contains(&params.model) {
+        return ApiError::unknown_model(&params.model).into_response();
+    }
+    let prompt_tokens = params.canonical.len().div_ceil(BYTES_PER_TOKEN) as u64;
+    let blocks = block_hashes(&params.canonical, rep.settings.block_bytes, usize::MAX);
+    let completion_tokens = params.max_tokens.unwrap_or(rep.settings.default_max_tokens);
+
+    let slot = rep.admit().await;
+    let cached_tokens = {
+        let mut cache = rep.cache();
+        let matched = cache.serve(&blocks);
+        cache.cached_tokens(matched, prompt_tokens)
+    };
+    rep.stats.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
+    rep.stats.cached_tokens.fetch_add(cached_tokens, Relaxed);
+    sleep(duration(
+        rep.latency().prefill_ms(prompt_tokens - cached_tokens),
+    ))
+    .await;
+
+    let job = Job {
+        reply: Reply {
+            endpoint,
+            id: rep.next_id(if endpoint == Endpoint::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            }),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: params.model.clone(),
+        },
+        output: Output::new(&params.model, &params.canonical),
+        usage: Usage {
+            prompt_tokens,
+            completion_tokens,
+            cached_tokens,
+        },
+        // A client-set limit is what ends the output; otherwise it ends by itself.
+        finish_reason: if params.max_tokens.is_some() {
+            "length"
+        } else {
+            "stop"
+        },
+        die_at: rep
+            .fault()
+            .die_after_tokens
+            .filter(|&n| n < completion_tokens),
+        rep,
+        _slot: slot,
+    };
+    if params.stream {
+        job.stream(params.include_usage)
+    } else {
+        job.whole(kill).await
+    }
+}
+
+impl Job {
+    async fn whole(self, kill: Option<Kill>) -> Response {
+        let tokens = self.die_at.unwrap_or(self.usage.completion_tokens);
+        sleep(duration(self.rep.latency().decode_ms(tokens))).await;
+        self.rep.stats.generation_tokens.fetch_add(tokens, Relaxed);
+        if self.die_at.is_some() {
+            if let Some(kill) = kill {
+                kill.now();
+                // The connection is gone with this future; nothing is sent.
+                std::future::pending::<()>().await;
+            }
+            return ApiError::injected(500).into_response();
+        }
+        let text = self.output.text(self.usage.completion_tokens);
+        self.rep.stats.success.fetch_add(1, Relaxed);
+        Json(self.reply.full(&text, self.finish_reason, self.usage)).into_response()
+    }
+
+    /// An SSE answer, one event per token as it is decoded. Dropping the body
+    /// (client gone) frees the batch slot.
+    fn stream(self, include_usage: bool) -> Response {
+        let events = async_stream::stream! {
+            let n = self.usage.completion_tokens;
+            let mut at = Instant::now();
+            for i in 0..n {
+                at += duration(self.rep.latency().decode_ms(1));
+                sleep_until(at).await;
+                if self.die_at == Some(i) {
+                    // Let the connection flush what was sent before it breaks.
+                    tokio::task::yield_now().await;
+                    yield Err(std::io::Error::other("replica died mid-stream (injected fault)"));
+                    return;
+                }
+                self.rep.stats.generation_tokens.fetch_add(1, Relaxed);
+                let finish = (i + 1 == n).then_some(self.finish_reason);
+                yield Ok(self.reply.chunk(i, &self.output.token(i), finish));
+            }
+            if include_usage {
+                yield Ok(self.reply.usage_chunk(self.usage));
+            }
+            self.rep.stats.success.fetch_add(1, Relaxed);
+            yield Ok(Bytes::from_static(SSE_DONE));
+        };
+        (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            Body::from_stream(events),
+        )
+            .into_response()
+    }
+}

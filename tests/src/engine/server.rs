@@ -1,0 +1,166 @@
+//! A replica's HTTP server. It runs its own accept loop rather than
+//! `axum::serve` so that a `refuse` fault can close the listener and every open
+//! connection (a proxy's pooled connections would otherwise keep reaching a
+//! "dead" replica), and so a handler can drop its own connection mid-request.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderName, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+use tower::Service;
+
+use super::completions;
+use super::faults::Fault;
+use super::metrics;
+use super::openai::ApiError;
+use super::replica::Replica;
+
+/// Drops the connection a request came on, without an answer.
+#[derive(Clone)]
+pub struct Kill(Arc<Notify>);
+
+impl Kill {
+    pub fn now(&self) {
+        // A stored permit: the connection sees it even if not yet waiting.
+        self.0.notify_one();
+    }
+}
+
+static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+static SERVED_BY: HeaderName = HeaderName::from_static("x-served-by");
+
+pub fn router(replica: Arc<Replica>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(completions::chat))
+        .route("/v1/completions", post(completions::completions))
+        .route("/health", get(health))
+        .route("/metrics", get(prometheus))
+        .layer(middleware::from_fn_with_state(replica.clone(), tag))
+        .with_state(replica)
+}
+
+/// Names the replica on every answer and echoes the client's request id.
+async fn tag(State(rep): State<Arc<Replica>>, req: Request, next: Next) -> Response {
+    let request_id = req.headers().get(&REQUEST_ID).cloned();
+    let mut res = next.run(req).await;
+    res.headers_mut()
+        .insert(SERVED_BY.clone(), rep.name_header.clone());
+    if let Some(id) = request_id {
+        res.headers_mut().insert(REQUEST_ID.clone(), id);
+    }
+    res
+}
+
+async fn health(State(rep): State<Arc<Replica>>) -> Response {
+    match rep.fault().health() {
+        200 => "ok".into_response(),
+        status => ApiError::injected(status).into_response(),
+    }
+}
+
+async fn prometheus(State(rep): State<Arc<Replica>>) -> Response {
+    let text = metrics::render(&rep.snapshot());
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        text,
+    )
+        .into_response()
+}
+
+/// Serves `replica` until `shutdown` turns true, closing and re-opening its
+/// port as the `refuse` fault comes and goes.
+pub async fn serve(
+    replica: Arc<Replica>,
+    listener: TcpListener,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let app = router(replica.clone());
+    let mut faults = replica.fault.subscribe();
+    let mut listener = Some(listener);
+    loop {
+        tokio::select! {
+            () = stopped(&mut shutdown) => return,
+            () = refusing(&mut faults, false) => {}
+        }
+        let l = match listener.take() {
+            Some(l) => l,
+            None => match rebind(&replica, &mut shutdown).await {
+                Some(l) => l,
+                None => return,
+            },
+        };
+        let mut conns = JoinSet::new();
+        loop {
+            tokio::select! {
+                () = stopped(&mut shutdown) => return,
+                () = refusing(&mut faults, true) => break,
+                accepted = l.accept() => match accepted {
+                    Ok((stream, _)) => {
+                        conns.spawn(connection(stream, app.clone()));
+                    }
+                    Err(e) => {
+                        tracing::warn!(replica = %replica.name, "accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+            }
+        }
+        // Dropping the listener refuses new connections; dropping the set
+        // aborts the open ones.
+        drop(l);
+        drop(conns);
+    }
+}
+
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    // A dropped sender also means stop.
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+async fn refusing(faults: &mut watch::Receiver<Fault>, refuse: bool) {
+    // The sender lives in the replica, which outlives this loop.
+    let _ = faults.wait_for(|f| f.refuse == refuse).await;
+}
+
+/// Re-opens the replica's port once a refuse fault is cleared; `None` on shutdown.
+async fn rebind(replica: &Replica, shutdown: &mut watch::Receiver<bool>) -> Option<TcpListener> {
+    loop {
+        match TcpListener::bind(replica.addr).await {
+            Ok(l) => return Some(l),
+            Err(e) => tracing::warn!(replica = %replica.name, "re-binding {}: {e}", replica.addr),
+        }
+        tokio::select! {
+            () = stopped(shutdown) => return None,
+            _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+        }
+    }
+}
+
+/// Serves one connection (HTTP/1.1 or prior-knowledge HTTP/2) until it ends or
+/// a handler kills it.
+async fn connection(stream: TcpStream, app: Router) {
+    let kill = Kill(Arc::new(Notify::new()));
+    let handle = kill.clone();
+    let svc = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+        req.extensions_mut().insert(handle.clone());
+        app.clone().call(req)
+    });
+    let builder = auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+    tokio::select! {
+        _ = conn => {}
+        _ = kill.0.notified() => {}
+    }
+}

@@ -1,0 +1,296 @@
+//! End-to-end harness: simulated engines, fleetroute and a real Envoy, all on
+//! free loopback ports, stopped when the [`Lab`] is dropped.
+
+pub mod client;
+pub mod procs;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use procs::{Proc, free_port};
+
+/// Where the binaries are: next to this test's own engine binary.
+pub struct Binaries {
+    pub fleetroute: PathBuf,
+    pub engine: PathBuf,
+    pub wasm: PathBuf,
+}
+
+impl Binaries {
+    pub fn locate(engine: &str) -> Binaries {
+        let engine = PathBuf::from(engine);
+        let dir = engine.parent().expect("bin dir").to_path_buf();
+        let target = dir.parent().expect("target dir");
+        let b = Binaries {
+            fleetroute: dir.join("fleetroute"),
+            wasm: target.join("wasm32-wasip1/release/fleetroute_filter.wasm"),
+            engine,
+        };
+        for p in [&b.fleetroute, &b.wasm] {
+            assert!(
+                p.exists(),
+                "{} is missing: run scripts/build.sh (or scripts/test.sh) first",
+                p.display()
+            );
+        }
+        b
+    }
+}
+
+/// What a lab runs. `router` is a router config in which every `{name}`
+/// stands for a replica's address: the harness starts a simulated replica
+/// called `name` on a free port for each one.
+#[derive(Default)]
+pub struct LabSpec<'a> {
+    pub router: &'a str,
+    pub engine_args: &'a [&'a str],
+    pub fail_closed: bool,
+}
+
+pub struct Lab {
+    pub envoy: String,
+    pub envoy_admin: String,
+    pub admin: String,
+    pub control: String,
+    /// Replica name → `127.0.0.1:port`.
+    pub replicas: BTreeMap<String, String>,
+    pub router_path: PathBuf,
+    pub bins: Binaries,
+    grpc: String,
+    pub fleetroute: Proc,
+    pub envoy_proc: Proc,
+    pub engine: Proc,
+    _dir: tempfile::TempDir,
+}
+
+fn placeholders(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(start) = rest.find('{') {
+        let after = &rest[start + 1..];
+        match after.find('}') {
+            Some(end)
+                if end > 0
+                    && after[..end]
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_') =>
+            {
+                let name = after[..end].to_string();
+                if !out.contains(&name) {
+                    out.push(name);
+                }
+                rest = &after[end + 1..];
+            }
+            _ => rest = after,
+        }
+    }
+    out
+}
+
+pub fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn http_ok(url: &str) -> bool {
+    client::blocking_get(url).is_some_and(|(status, _)| status == 200)
+}
+
+impl Lab {
+    pub fn start(engine_bin: &str, spec: LabSpec<'_>) -> Lab {
+        let bins = Binaries::locate(engine_bin);
+        let dir = tempfile::tempdir().expect("temp dir");
+
+        let mut replicas = BTreeMap::new();
+        let mut router = spec.router.to_string();
+        for name in placeholders(spec.router) {
+            let addr = format!("127.0.0.1:{}", free_port());
+            router = router.replace(&format!("{{{name}}}"), &addr);
+            replicas.insert(name, addr);
+        }
+        let control = format!("127.0.0.1:{}", free_port());
+        let mut cmd = Command::new(&bins.engine);
+        for (name, addr) in &replicas {
+            cmd.arg("--replica").arg(format!("{name}={addr}"));
+        }
+        cmd.arg("--control").arg(&control).args(spec.engine_args);
+        let engine = Proc::spawn("engine", &mut cmd, dir.path());
+
+        let router_path = dir.path().join("router.yaml");
+        std::fs::write(&router_path, &router).expect("write router config");
+        let grpc = format!("127.0.0.1:{}", free_port());
+        let admin = format!("127.0.0.1:{}", free_port());
+        let listen = format!("127.0.0.1:{}", free_port());
+        let envoy_admin = format!("127.0.0.1:{}", free_port());
+
+        let envoy_yaml = dir.path().join("envoy.yaml");
+        let mut bootstrap = Command::new(&bins.fleetroute);
+        bootstrap
+            .args(["bootstrap", "--config"])
+            .arg(&router_path)
+            .arg("--wasm")
+            .arg(&bins.wasm)
+            .args([
+                "--listen",
+                &listen,
+                "--envoy-admin",
+                &envoy_admin,
+                "--grpc",
+                &grpc,
+            ]);
+        if spec.fail_closed {
+            bootstrap.arg("--fail-closed");
+        }
+        let out = bootstrap.output().expect("fleetroute bootstrap");
+        assert!(
+            out.status.success(),
+            "fleetroute bootstrap failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(&envoy_yaml, &out.stdout).expect("write envoy config");
+
+        let fleetroute =
+            Self::spawn_fleetroute(&bins.fleetroute, &router_path, &grpc, &admin, dir.path());
+        let envoy_proc = Proc::spawn(
+            "envoy",
+            Command::new("envoy")
+                .arg("-c")
+                .arg(&envoy_yaml)
+                .args(["--log-level", "warn", "--concurrency", "2", "--base-id"])
+                .arg(free_port().to_string()),
+            dir.path(),
+        );
+        let lab = Lab {
+            envoy: format!("http://{listen}"),
+            envoy_admin: format!("http://{envoy_admin}"),
+            admin: format!("http://{admin}"),
+            control: format!("http://{control}"),
+            replicas,
+            router_path,
+            bins,
+            grpc,
+            fleetroute,
+            envoy_proc,
+            engine,
+            _dir: dir,
+        };
+        wait_until("engines", Duration::from_secs(20), || {
+            http_ok(&format!("{}/replicas", lab.control))
+        });
+        lab.wait_router_ready();
+        wait_until("envoy", Duration::from_secs(30), || {
+            http_ok(&format!("{}/ready", lab.envoy_admin))
+        });
+        lab
+    }
+
+    fn spawn_fleetroute(bin: &Path, router: &Path, grpc: &str, admin: &str, dir: &Path) -> Proc {
+        Proc::spawn(
+            "fleetroute",
+            Command::new(bin)
+                .args(["serve", "--config"])
+                .arg(router)
+                .args(["--grpc", grpc, "--admin", admin])
+                .env("RUST_LOG", "info"),
+            dir,
+        )
+    }
+
+    pub fn wait_router_ready(&self) {
+        wait_until("fleetroute ready", Duration::from_secs(20), || {
+            http_ok(&format!("{}/ready", self.admin))
+        });
+    }
+
+    /// Stops fleetroute (to test fail-open / fail-closed).
+    pub fn stop_router(&mut self) {
+        self.fleetroute.stop();
+    }
+
+    pub fn restart_router(&mut self) {
+        self.fleetroute.stop();
+        self.fleetroute = Self::spawn_fleetroute(
+            &self.bins.fleetroute,
+            &self.router_path,
+            &self.grpc,
+            self.admin.trim_start_matches("http://"),
+            self._dir.path(),
+        );
+        self.wait_router_ready();
+    }
+
+    /// The replica name serving at `addr`.
+    pub fn replica_name(&self, addr: &str) -> Option<&str> {
+        self.replicas
+            .iter()
+            .find(|(_, a)| *a == addr)
+            .map(|(n, _)| n.as_str())
+    }
+
+    /// Sets a fault on a simulated replica (see the engine's control API).
+    pub fn fault(&self, replica: &str, json: &str) {
+        let (status, body) = client::blocking_send(
+            "POST",
+            &format!("{}/replicas/{replica}/fault", self.control),
+            json,
+        )
+        .expect("control endpoint");
+        assert_eq!(status, 200, "fault {json} on {replica}: {body}");
+    }
+
+    pub fn clear_fault(&self, replica: &str) {
+        let (status, body) = client::blocking_send(
+            "DELETE",
+            &format!("{}/replicas/{replica}/fault", self.control),
+            "",
+        )
+        .expect("control endpoint");
+        assert_eq!(status, 200, "clear fault on {replica}: {body}");
+    }
+
+    /// fleetroute's recorded decision for a request id: (fleet, replica addr).
+    pub fn decision(&self, request_id: &str) -> Option<(String, String)> {
+        let url = format!("{}/debug/decisions?id={request_id}", self.admin);
+        wait_for_value(Duration::from_secs(2), || {
+            let (_, body) = client::blocking_get(&url)?;
+            let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+            let d = v.as_array()?.first()?;
+            Some((
+                d["fleet"].as_str()?.to_string(),
+                d["replica"].as_str()?.to_string(),
+            ))
+        })
+    }
+
+    /// Envoy's counter value, 0 when absent.
+    pub fn envoy_stat(&self, name: &str) -> u64 {
+        let (_, body) =
+            client::blocking_get(&format!("{}/stats?filter=^{name}$", self.envoy_admin))
+                .unwrap_or_default();
+        body.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+pub fn wait_for_value<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
