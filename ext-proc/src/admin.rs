@@ -58,13 +58,19 @@ struct ReplicaView {
     addr: String,
     health: Health,
     ready: bool,
+    warm: bool,
+    ejected: bool,
     inflight: u32,
+    pending_prefill_tokens: u64,
 }
 
 #[derive(Serialize)]
 struct FleetView {
     name: String,
     region: String,
+    figures: crate::state::figures::FleetFigures,
+    spilling: bool,
+    prefix_blocks: usize,
     replicas: Vec<ReplicaView>,
 }
 
@@ -78,6 +84,9 @@ async fn snapshot(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
         .map(|(f, fleet)| FleetView {
             name: fleet.name.clone(),
             region: fleet.region.clone(),
+            figures: snap.fleets[f].figures,
+            spilling: snap.fleets[f].spilling,
+            prefix_blocks: snap.fleets[f].prefix.len(),
             replicas: fleet
                 .replicas
                 .iter()
@@ -86,7 +95,10 @@ async fn snapshot(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                     addr: rep.addr.clone(),
                     health: snap.replicas[f][r].health,
                     ready: snap.replicas[f][r].ready(),
+                    warm: snap.replicas[f][r].warm,
+                    ejected: snap.replicas[f][r].ejected,
                     inflight: rep.load.inflight(),
+                    pending_prefill_tokens: rep.load.pending_prefill(),
                 })
                 .collect(),
         })

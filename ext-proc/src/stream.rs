@@ -31,25 +31,31 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     let Some(map) = headers.headers.as_ref() else {
         return mutation::pass();
     };
-    let key = RouteKey::from_headers(map);
+    let mut key = RouteKey::from_headers(map);
+    if key.key_source.is_none() && key.request_id.is_empty() {
+        key.key = fastrand::u64(..);
+    }
     let snap = shared.snapshot();
-    let decision = match route::decide(&snap, &key) {
+    let decision = match route::decide(&snap, &key, fastrand::u64(..)) {
         Ok(d) => d,
         Err(reject) => return mutation::reject(&reject),
     };
     let topo = &snap.topo;
-    let fleet = &topo.fleets[decision.fleet];
-    let replica = &fleet.replicas[decision.replicas[0]];
-    shared.hold_inflight(key.request_id, replica.load.start());
+    let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
+    shared.hold_load(key.request_id, replica.load.start(decision.uncached_tokens));
+    let reply = mutation::route(topo, &decision);
     shared.emit(Event::Routed(Box::new(Routed {
+        generation: topo.generation,
         request_id: key.request_id.to_string(),
-        stage: topo.stages[decision.stage].name.clone(),
-        fleet: fleet.name.clone(),
-        replica: replica.addr.clone(),
+        stage: decision.stage,
+        fleet: decision.fleet,
+        replica: decision.replicas[0],
         key_source: key.key_source.map_or("none", |s| s.as_str()),
+        blocks: key.blocks,
+        block_tokens: key.block_tokens,
+        predicted_cached_tokens: decision.cached_tokens,
     })));
-    let uncached = u64::from(key.prompt_tokens);
-    mutation::route(topo, &decision, 0, uncached)
+    reply
 }
 
 #[tonic::async_trait]
@@ -70,6 +76,12 @@ impl ExternalProcessor for Service {
             while let Ok(Some(msg)) = inbound.message().await {
                 if msg.observability_mode {
                     let obs = observer.get_or_insert_with(|| Observer::new(shared.clone()));
+                    tracing::debug!(message = ?msg.request.as_ref().map(|r| match r {
+                        Request::ResponseBody(b) => format!("body {} eos {}", b.body.len(), b.end_of_stream),
+                        Request::ResponseHeaders(h) => format!("resp headers eos {}", h.end_of_stream),
+                        Request::RequestHeaders(h) => format!("req headers eos {}", h.end_of_stream),
+                        other => format!("{other:?}").chars().take(40).collect(),
+                    }), "observer message");
                     match &msg.request {
                         Some(Request::RequestHeaders(h)) => {
                             if let Some(map) = &h.headers {

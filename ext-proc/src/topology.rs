@@ -8,7 +8,8 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
-    Bounds, CapacityConfig, CostConfig, HealthCheckConfig, PolicyKind, RouterConfig,
+    AlarmsConfig, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, HealthCheckConfig,
+    OutlierConfig, PolicyKind, ReplicaChoiceConfig, RouterConfig, RoutingConfig, WarmupConfig,
 };
 use crate::state::load::ReplicaLoad;
 
@@ -20,6 +21,7 @@ pub struct Topology {
     pub by_stage_name: HashMap<String, usize>,
     pub default_stage: Option<usize>,
     pub health_check: HealthCheckConfig,
+    pub engine_metrics: EngineMetricsConfig,
     /// Bumped on every rebuild, so events about an older topology are dropped.
     pub generation: u64,
 }
@@ -27,6 +29,8 @@ pub struct Topology {
 #[derive(Debug)]
 pub struct Fleet {
     pub name: String,
+    /// Identity for rendezvous choices between fleets.
+    pub seed: u64,
     pub region: String,
     pub replicas: Vec<Replica>,
     pub capacity: CapacityConfig,
@@ -53,6 +57,12 @@ pub struct Stage {
     pub residency: Vec<String>,
     pub replicas: Option<Bounds>,
     pub policy: Policy,
+    /// The routing block as configured (exploration, tolerance, ...).
+    pub routing: RoutingConfig,
+    pub replica_choice: ReplicaChoiceConfig,
+    pub alarms: AlarmsConfig,
+    pub outlier: OutlierConfig,
+    pub warmup: Option<WarmupConfig>,
 }
 
 /// A stage's policy with its fleets resolved to `Topology::fleets` indices.
@@ -92,6 +102,7 @@ impl Topology {
             .iter()
             .map(|f| Fleet {
                 name: f.name.clone(),
+                seed: xxh3_64(f.name.as_bytes()),
                 region: f.region.clone(),
                 replicas: f
                     .endpoints
@@ -146,6 +157,11 @@ impl Topology {
                     residency,
                     replicas: s.replicas,
                     policy,
+                    routing: s.routing.clone(),
+                    replica_choice: s.replica_choice.clone(),
+                    alarms: s.alarms.clone(),
+                    outlier: s.outlier.clone(),
+                    warmup: s.warmup.clone(),
                 }
             })
             .collect::<Vec<_>>();
@@ -167,12 +183,28 @@ impl Topology {
             by_model,
             by_stage_name,
             health_check: cfg.health_check.clone(),
+            engine_metrics: cfg.engine_metrics.clone(),
             generation,
         }
     }
 
     pub fn fleet_index(&self, name: &str) -> Option<usize> {
         self.fleets.iter().position(|f| f.name == name)
+    }
+
+    /// Stages a fleet serves.
+    pub fn stages_of(&self, fleet: usize) -> impl Iterator<Item = &Stage> {
+        self.stages
+            .iter()
+            .filter(move |s| s.fleets.contains(&fleet))
+    }
+
+    /// The outlier settings that apply to a fleet: the strictest enabled
+    /// stage that uses it (fleets are usually in one stage).
+    pub fn outlier_for(&self, fleet: usize) -> Option<&OutlierConfig> {
+        self.stages_of(fleet)
+            .map(|s| &s.outlier)
+            .find(|o| o.enabled)
     }
 }
 
@@ -186,6 +218,7 @@ impl Topology {
             by_stage_name: HashMap::new(),
             default_stage: None,
             health_check: HealthCheckConfig::default(),
+            engine_metrics: EngineMetricsConfig::default(),
             generation: 0,
         }
     }

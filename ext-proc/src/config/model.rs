@@ -9,6 +9,8 @@ use serde::Deserialize;
 pub struct RouterConfig {
     #[serde(default)]
     pub health_check: HealthCheckConfig,
+    #[serde(default)]
+    pub engine_metrics: EngineMetricsConfig,
     /// Stage for requests whose model names no stage (or that name none).
     #[serde(default)]
     pub default_stage: Option<String>,
@@ -40,6 +42,26 @@ impl Default for HealthCheckConfig {
     }
 }
 
+/// Scraping each replica's Prometheus endpoint (vLLM metric names).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineMetricsConfig {
+    pub path: String,
+    /// 0 turns scraping off.
+    pub interval_ms: u64,
+    pub timeout_ms: u64,
+}
+
+impl Default for EngineMetricsConfig {
+    fn default() -> Self {
+        EngineMetricsConfig {
+            path: "/metrics".into(),
+            interval_ms: 1000,
+            timeout_ms: 500,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FleetConfig {
@@ -63,15 +85,24 @@ pub struct CostConfig {
     pub gpus_per_replica: Option<u32>,
     /// A provider's price; when set it wins over the GPU-hour derivation.
     pub usd_per_million_tokens: Option<f64>,
+    /// Expected tokens per second of one replica, used for the GPU-hour
+    /// derivation until the fleet's throughput has been measured.
+    pub tokens_per_sec: Option<f64>,
 }
 
 /// What one replica of the fleet can take before it counts as saturated.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CapacityConfig {
+    /// Requests in flight per replica (about the engine's maximum batch).
     pub max_inflight: u32,
+    /// Requests queued inside the engine, as it reports them.
     pub max_waiting: u32,
+    /// KV-cache usage the engine reports, 0..1.
     pub max_kv_usage: f64,
+    /// KV-cache capacity of one replica in tokens: bounds the router's
+    /// prediction of what each replica holds.
+    pub kv_cache_tokens: u64,
 }
 
 impl Default for CapacityConfig {
@@ -80,6 +111,7 @@ impl Default for CapacityConfig {
             max_inflight: 64,
             max_waiting: 8,
             max_kv_usage: 0.95,
+            kv_cache_tokens: 1_000_000,
         }
     }
 }
@@ -105,6 +137,133 @@ pub struct StageConfig {
     pub replicas: Option<Bounds>,
     #[serde(default)]
     pub routing: RoutingConfig,
+    #[serde(default)]
+    pub replica_choice: ReplicaChoiceConfig,
+    #[serde(default)]
+    pub alarms: AlarmsConfig,
+    #[serde(default)]
+    pub outlier: OutlierConfig,
+    #[serde(default)]
+    pub warmup: Option<WarmupConfig>,
+}
+
+/// How a replica is picked inside the chosen fleet: the prompt prefix it
+/// already holds against the work already queued on it.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReplicaChoiceConfig {
+    /// Weight of a cached prompt token (prefill it saves).
+    pub prefix_weight: f64,
+    /// Weight of a token already waiting for prefill on the replica.
+    pub load_weight: f64,
+    /// Tokens charged per request the engine reports queued (work the router
+    /// did not send, e.g. from other routers).
+    pub engine_queue_tokens: f64,
+    /// Bounded load: no replica takes a request while it has more than this
+    /// multiple of the fleet's mean in-flight requests (counting this one)...
+    pub load_factor: f64,
+    /// ...or, at low load, more than this many: a replica with a couple of
+    /// requests is not overloaded whatever the mean.
+    pub min_bound: u32,
+}
+
+impl Default for ReplicaChoiceConfig {
+    fn default() -> Self {
+        ReplicaChoiceConfig {
+            prefix_weight: 1.0,
+            load_weight: 1.0,
+            engine_queue_tokens: 512.0,
+            load_factor: 1.25,
+            min_bound: 2,
+        }
+    }
+}
+
+/// What a fleet must meet to be chosen by the cost policy (and what the
+/// dashboards alarm on), over a sliding window.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AlarmsConfig {
+    pub ttft_p95_ms: Option<f64>,
+    pub error_rate: Option<f64>,
+    pub window_s: u64,
+    /// Below this many samples in the window a fleet counts as meeting them.
+    pub min_samples: u32,
+}
+
+impl Default for AlarmsConfig {
+    fn default() -> Self {
+        AlarmsConfig {
+            ttft_p95_ms: None,
+            error_rate: None,
+            window_s: 60,
+            min_samples: 20,
+        }
+    }
+}
+
+/// Ejecting replicas that fall behind their fleet's median.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    pub enabled: bool,
+    /// A replica is an outlier when its figure exceeds the fleet median by
+    /// this factor.
+    pub factor: f64,
+    /// Error rates also need to exceed the median by this much (absolute), so
+    /// 2% against 0% is not an outlier.
+    pub min_error_rate_gap: f64,
+    pub window_s: u64,
+    pub min_samples: u32,
+    /// Never more than this share of a fleet's replicas ejected at once.
+    pub max_ejected_share: f64,
+    pub base_ejection_s: u64,
+    pub max_ejection_s: u64,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        OutlierConfig {
+            enabled: true,
+            factor: 2.0,
+            min_error_rate_gap: 0.1,
+            window_s: 30,
+            min_samples: 10,
+            max_ejected_share: 0.5,
+            base_ejection_s: 10,
+            max_ejection_s: 300,
+        }
+    }
+}
+
+/// Golden prompts a replica must answer before it (re)joins the rotation.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WarmupConfig {
+    /// Request path, e.g. /v1/chat/completions.
+    #[serde(default = "default_warmup_path")]
+    pub path: String,
+    pub prompts: Vec<GoldenPrompt>,
+    #[serde(default = "default_warmup_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_warmup_path() -> String {
+    "/v1/chat/completions".into()
+}
+
+fn default_warmup_timeout() -> u64 {
+    10_000
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GoldenPrompt {
+    /// The request body, as JSON.
+    pub body: serde_json::Value,
+    /// Text the answer must contain (e.g. at temperature 0).
+    #[serde(default)]
+    pub expect: Option<String>,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -146,4 +305,30 @@ pub struct RoutingConfig {
     /// weighted: weight per fleet (unlisted fleets weigh 1).
     #[serde(default)]
     pub weights: Option<BTreeMap<String, f64>>,
+    /// latency, cost: share of requests sent to a random eligible fleet so
+    /// every fleet's figures stay fresh.
+    #[serde(default)]
+    pub exploration: Option<f64>,
+    /// latency, cost: fleets within this fraction of the best count as tied
+    /// and share the traffic, so close figures do not herd onto one fleet.
+    #[serde(default)]
+    pub tolerance: Option<f64>,
+    /// priority: a saturated fleet spills; it takes traffic first again once
+    /// its utilisation is back under this fraction of capacity.
+    #[serde(default)]
+    pub resume_below: Option<f64>,
+}
+
+impl RoutingConfig {
+    pub fn exploration(&self) -> f64 {
+        self.exploration.unwrap_or(0.05)
+    }
+
+    pub fn tolerance(&self) -> f64 {
+        self.tolerance.unwrap_or(0.1)
+    }
+
+    pub fn resume_below(&self) -> f64 {
+        self.resume_below.unwrap_or(0.8)
+    }
 }

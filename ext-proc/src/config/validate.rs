@@ -64,6 +64,19 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
     if hc.unhealthy_threshold == 0 {
         e.push("health_check.unhealthy_threshold", "must be at least 1");
     }
+    let em = &cfg.engine_metrics;
+    if !em.path.starts_with('/') {
+        e.push(
+            "engine_metrics.path",
+            format!("'{}' must start with '/'", em.path),
+        );
+    }
+    if em.interval_ms != 0 && (em.timeout_ms == 0 || em.timeout_ms > em.interval_ms) {
+        e.push(
+            "engine_metrics.timeout_ms",
+            "must be between 1 and interval_ms",
+        );
+    }
 
     let mut regions: HashMap<&str, &str> = HashMap::new();
     for (i, f) in cfg.fleets.iter().enumerate() {
@@ -126,6 +139,21 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
             }
         }
         let cap = &f.capacity;
+        if cap.kv_cache_tokens == 0 {
+            e.push(
+                format!("{p}.capacity.kv_cache_tokens"),
+                "must be at least 1",
+            );
+        }
+        if let Some(c) = &f.cost
+            && c.tokens_per_sec
+                .is_some_and(|v| !(v.is_finite() && v > 0.0))
+        {
+            e.push(
+                format!("{p}.cost.tokens_per_sec"),
+                "must be a positive number",
+            );
+        }
         if cap.max_inflight == 0 {
             e.push(format!("{p}.capacity.max_inflight"), "must be at least 1");
         }
@@ -217,6 +245,124 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
         };
         misplaced("order", r.order.is_some(), PolicyKind::Priority, &mut e);
         misplaced("weights", r.weights.is_some(), PolicyKind::Weighted, &mut e);
+        misplaced(
+            "resume_below",
+            r.resume_below.is_some(),
+            PolicyKind::Priority,
+            &mut e,
+        );
+        for (field, set) in [
+            ("exploration", r.exploration.is_some()),
+            ("tolerance", r.tolerance.is_some()),
+        ] {
+            if set && !matches!(r.policy, PolicyKind::Latency | PolicyKind::Cost) {
+                e.push(
+                    format!("{rp}.{field}"),
+                    format!("belongs to policies latency and cost, not {:?}", r.policy)
+                        .to_lowercase(),
+                );
+            }
+        }
+        if !(0.0..=0.5).contains(&r.exploration()) {
+            e.push(format!("{rp}.exploration"), "must be between 0 and 0.5");
+        }
+        if !(0.0..=1.0).contains(&r.tolerance()) {
+            e.push(format!("{rp}.tolerance"), "must be between 0 and 1");
+        }
+        if !(r.resume_below() > 0.0 && r.resume_below() < 1.0) {
+            e.push(
+                format!("{rp}.resume_below"),
+                "must be between 0 and 1 (exclusive)",
+            );
+        }
+        if r.policy == PolicyKind::Cost {
+            for (j, name) in s.fleets.iter().enumerate() {
+                if let Some(f) = cfg.fleets.iter().find(|f| &f.name == name)
+                    && f.cost.is_none()
+                {
+                    e.push(
+                        format!("{p}.fleets[{j}]"),
+                        format!("the cost policy needs a cost for fleet '{name}'"),
+                    );
+                }
+            }
+        }
+        let rc = &s.replica_choice;
+        for (field, v) in [
+            ("prefix_weight", rc.prefix_weight),
+            ("load_weight", rc.load_weight),
+            ("engine_queue_tokens", rc.engine_queue_tokens),
+        ] {
+            if !finite_non_negative(v) {
+                e.push(
+                    format!("{p}.replica_choice.{field}"),
+                    "must be a finite number >= 0",
+                );
+            }
+        }
+        if !(rc.load_factor.is_finite() && rc.load_factor >= 1.0) {
+            e.push(
+                format!("{p}.replica_choice.load_factor"),
+                "must be a finite number >= 1",
+            );
+        }
+        let a = &s.alarms;
+        if a.ttft_p95_ms.is_some_and(|v| !(v.is_finite() && v > 0.0)) {
+            e.push(
+                format!("{p}.alarms.ttft_p95_ms"),
+                "must be a positive number",
+            );
+        }
+        if a.error_rate.is_some_and(|v| !(0.0..=1.0).contains(&v)) {
+            e.push(format!("{p}.alarms.error_rate"), "must be between 0 and 1");
+        }
+        if a.window_s == 0 {
+            e.push(format!("{p}.alarms.window_s"), "must be at least 1");
+        }
+        let o = &s.outlier;
+        if !(o.factor.is_finite() && o.factor > 1.0) {
+            e.push(format!("{p}.outlier.factor"), "must be a finite number > 1");
+        }
+        if !(0.0..=1.0).contains(&o.max_ejected_share) {
+            e.push(
+                format!("{p}.outlier.max_ejected_share"),
+                "must be between 0 and 1",
+            );
+        }
+        if !(0.0..=1.0).contains(&o.min_error_rate_gap) {
+            e.push(
+                format!("{p}.outlier.min_error_rate_gap"),
+                "must be between 0 and 1",
+            );
+        }
+        if o.window_s == 0 || o.base_ejection_s == 0 || o.max_ejection_s < o.base_ejection_s {
+            e.push(
+                format!("{p}.outlier"),
+                "window_s and base_ejection_s must be >= 1 and max_ejection_s >= base_ejection_s",
+            );
+        }
+        if let Some(w) = &s.warmup {
+            if w.prompts.is_empty() {
+                e.push(
+                    format!("{p}.warmup.prompts"),
+                    "must list at least one prompt",
+                );
+            }
+            if !w.path.starts_with('/') {
+                e.push(
+                    format!("{p}.warmup.path"),
+                    format!("'{}' must start with '/'", w.path),
+                );
+            }
+            for (j, g) in w.prompts.iter().enumerate() {
+                if !g.body.is_object() {
+                    e.push(
+                        format!("{p}.warmup.prompts[{j}].body"),
+                        "must be a JSON object (a request body)",
+                    );
+                }
+            }
+        }
         if let Some(order) = &r.order {
             for (j, name) in order.iter().enumerate() {
                 if !stage_fleets.contains(name.as_str()) {

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute_filter::contract::{self, RouteTag};
 
-use crate::state::load::InflightGuard;
+use crate::state::load::RequestGuard;
 use crate::state::{Event, Shared};
 use usage::{SseReader, Usage};
 
@@ -41,7 +41,7 @@ pub struct Observer {
     shared: Arc<Shared>,
     started: Instant,
     route: Option<(String, String, String, u64, u64)>,
-    _inflight: Option<Arc<InflightGuard>>,
+    load: Option<Arc<RequestGuard>>,
     status: Option<u16>,
     served_by: Option<String>,
     first_byte: Option<Duration>,
@@ -66,7 +66,7 @@ impl Observer {
             shared,
             started: Instant::now(),
             route: None,
-            _inflight: None,
+            load: None,
             status: None,
             served_by: None,
             first_byte: None,
@@ -78,7 +78,7 @@ impl Observer {
 
     pub fn on_request_headers(&mut self, map: &HeaderMap) {
         if let Some(id) = header(map, "x-request-id") {
-            self._inflight = self.shared.claim_inflight(id);
+            self.load = self.shared.claim_load(id);
         }
         self.route = header(map, contract::ROUTE)
             .and_then(RouteTag::decode)
@@ -109,6 +109,9 @@ impl Observer {
     pub fn on_response_body(&mut self, chunk: &[u8], end_of_stream: bool) {
         if self.first_byte.is_none() && !chunk.is_empty() {
             self.first_byte = Some(self.started.elapsed());
+            if let Some(l) = &self.load {
+                l.prefill_done();
+            }
         }
         match &mut self.sse {
             Some(r) => r.push(chunk),
@@ -129,7 +132,11 @@ impl Observer {
             return;
         }
         self.finished = true;
-        self._inflight = None;
+        // Others may still hold the guard (the pending map drops its copy
+        // lazily): release explicitly.
+        if let Some(l) = self.load.take() {
+            l.release();
+        }
         let Some((stage, fleet, replica, predicted, uncached)) = self.route.take() else {
             return;
         };
@@ -151,6 +158,22 @@ impl Observer {
             stream: self.sse.is_some(),
             ended_early,
         })));
+    }
+}
+
+impl Observation {
+    /// A complete 2xx response.
+    pub fn succeeded(&self) -> bool {
+        self.status.is_some_and(|s| (200..300).contains(&s)) && !self.ended_early
+    }
+
+    /// Whether the outcome says something about the replica: client errors
+    /// (4xx other than 429) do not.
+    pub fn counts_against_replica(&self) -> bool {
+        match self.status {
+            Some(429) | None => true,
+            Some(s) => !(400..500).contains(&s),
+        }
     }
 }
 

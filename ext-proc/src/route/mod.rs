@@ -8,6 +8,7 @@ pub mod key;
 pub mod mutation;
 pub mod rendezvous;
 pub mod replica;
+pub mod saturation;
 pub mod stage;
 
 use crate::state::Snapshot;
@@ -20,6 +21,10 @@ pub struct Decision {
     pub fleet: usize,
     /// Replica indices in the fleet: the chosen one, then retry fallbacks.
     pub replicas: Vec<usize>,
+    /// Prompt tokens the chosen replica is predicted to hold.
+    pub cached_tokens: u64,
+    /// Prompt tokens it will have to prefill.
+    pub uncached_tokens: u64,
 }
 
 /// Why a request cannot be routed; each becomes a JSON error for the client.
@@ -84,23 +89,29 @@ impl Reject {
     }
 }
 
-pub fn decide(snap: &Snapshot, key: &RouteKey<'_>) -> Result<Decision, Reject> {
+/// `rng` is this request's randomness (exploration); pass a seeded value in
+/// tests for a deterministic decision.
+pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision, Reject> {
     let topo = &snap.topo;
     let (stage_idx, stage) = stage::resolve(topo, key.model)?;
-    let candidates = eligible::candidates(snap, stage_idx, stage, key.residency, key.key)?;
+    let candidates = eligible::candidates(snap, stage_idx, stage, key)?;
     let input = fleet::PolicyInput {
         snap,
+        stage,
         candidates: &candidates,
-        key: key.key,
+        key,
+        rng,
     };
     let chosen = fleet::choose(&stage.policy, &input).ok_or_else(|| Reject::PolicyRefused {
         stage: stage.name.clone(),
     })?;
     let cf = &candidates.fleets[chosen];
-    let replicas = replica::choose(cf);
+    let choice = replica::choose(&topo.fleets[cf.fleet], cf, key, &stage.replica_choice);
     Ok(Decision {
         stage: stage_idx,
         fleet: cf.fleet,
-        replicas: replicas.order,
+        replicas: choice.order,
+        cached_tokens: choice.cached_tokens,
+        uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
     })
 }

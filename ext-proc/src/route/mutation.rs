@@ -36,12 +36,7 @@ fn string_value(s: String) -> Value {
 }
 
 /// The reply that routes the request.
-pub fn route(
-    topo: &Topology,
-    d: &Decision,
-    predicted_cached: u64,
-    uncached: u64,
-) -> ProcessingResponse {
+pub fn route(topo: &Topology, d: &Decision) -> ProcessingResponse {
     let fleet = &topo.fleets[d.fleet];
     let hosts: Vec<&str> = d
         .replicas
@@ -52,8 +47,8 @@ pub fn route(
         stage: &topo.stages[d.stage].name,
         fleet: &fleet.name,
         replica: hosts[0],
-        predicted_cached_tokens: predicted_cached,
-        uncached_tokens: uncached,
+        predicted_cached_tokens: d.cached_tokens,
+        uncached_tokens: d.uncached_tokens,
     };
     let lb = Struct {
         fields: HashMap::from([(

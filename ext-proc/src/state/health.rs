@@ -93,6 +93,47 @@ pub async fn run_checks(shared: Arc<Shared>, events: mpsc::Sender<Event>) {
                 })
                 .await;
         }
+        // Healthy replicas that have not passed warmup yet run the golden
+        // prompts of every stage their fleet serves.
+        let snap = shared.snapshot();
+        let mut warmups = Vec::new();
+        for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+            for (r, replica) in fleet.replicas.iter().enumerate() {
+                let st = snap.replicas[f][r];
+                if st.health != Health::Healthy || st.warm {
+                    continue;
+                }
+                let stages: Vec<_> = snap
+                    .topo
+                    .stages_of(f)
+                    .filter_map(|s| s.warmup.clone())
+                    .collect();
+                let client = &client;
+                let addr = replica.addr.clone();
+                let name = fleet.name.clone();
+                warmups.push(async move {
+                    let mut ok = true;
+                    for w in &stages {
+                        if let Err(e) = super::warmup::check(client, &addr, w).await {
+                            tracing::warn!(fleet = %name, replica = %addr, "warmup failed, replica stays out: {e}");
+                            ok = false;
+                            break;
+                        }
+                    }
+                    (f, r, ok)
+                });
+            }
+        }
+        for (fleet, replica, ok) in join_all(warmups).await {
+            let _ = events
+                .send(Event::Warmup {
+                    generation: snap.topo.generation,
+                    fleet,
+                    replica,
+                    ok,
+                })
+                .await;
+        }
         tokio::time::sleep(Duration::from_millis(cfg.interval_ms)).await;
     }
 }

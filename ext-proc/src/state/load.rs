@@ -1,13 +1,17 @@
-//! Per-replica load: in-flight requests counted by the router, and the queue
-//! and KV-cache figures the engine itself reports. Atomics, so the decision
-//! path reads them without a lock and every request can update them.
+//! Per-replica load: requests in flight and prompt tokens waiting for prefill,
+//! both counted by the router, and the queue and KV-cache figures the engine
+//! itself reports. Atomics, so the decision path reads them without a lock and
+//! every request updates them.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 #[derive(Debug, Default)]
 pub struct ReplicaLoad {
     inflight: AtomicU32,
+    /// Uncached prompt tokens of routed requests that have not produced their
+    /// first byte yet: the replica's prefill queue as the router sees it.
+    pending_prefill: AtomicU64,
     /// From the engine's metrics endpoint; 0 until first scraped.
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
@@ -18,6 +22,10 @@ pub struct ReplicaLoad {
 impl ReplicaLoad {
     pub fn inflight(&self) -> u32 {
         self.inflight.load(Relaxed)
+    }
+
+    pub fn pending_prefill(&self) -> u64 {
+        self.pending_prefill.load(Relaxed)
     }
 
     pub fn engine_waiting(&self) -> u32 {
@@ -39,20 +47,48 @@ impl ReplicaLoad {
             .store((kv_usage.clamp(0.0, 1.0) * 10_000.0) as u32, Relaxed);
     }
 
-    /// Counts one request until the guard is dropped, however the request
-    /// ends: completed, reset, or abandoned.
-    pub fn start(self: &Arc<Self>) -> InflightGuard {
+    /// Counts one request, with `prefill_tokens` to prefill, until the guard is
+    /// dropped, however the request ends: completed, reset, or abandoned.
+    pub fn start(self: &Arc<Self>, prefill_tokens: u64) -> RequestGuard {
         self.inflight.fetch_add(1, Relaxed);
-        InflightGuard(self.clone())
+        self.pending_prefill.fetch_add(prefill_tokens, Relaxed);
+        RequestGuard {
+            load: self.clone(),
+            prefill: AtomicU64::new(prefill_tokens),
+            released: AtomicBool::new(false),
+        }
     }
 }
 
+/// One request's share of a replica's load. Shared (the pending map and the
+/// observing stream both hold it), so it is released explicitly when the
+/// request ends, and by `Drop` if nobody did.
 #[derive(Debug)]
-pub struct InflightGuard(Arc<ReplicaLoad>);
+pub struct RequestGuard {
+    load: Arc<ReplicaLoad>,
+    prefill: AtomicU64,
+    released: AtomicBool,
+}
 
-impl Drop for InflightGuard {
+impl RequestGuard {
+    /// The first byte came back: prefill is over. Idempotent.
+    pub fn prefill_done(&self) {
+        let t = self.prefill.swap(0, Relaxed);
+        self.load.pending_prefill.fetch_sub(t, Relaxed);
+    }
+
+    /// The request is over. Idempotent.
+    pub fn release(&self) {
+        if !self.released.swap(true, Relaxed) {
+            self.prefill_done();
+            self.load.inflight.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+impl Drop for RequestGuard {
     fn drop(&mut self) {
-        self.0.inflight.fetch_sub(1, Relaxed);
+        self.release();
     }
 }
 
@@ -63,12 +99,18 @@ mod tests {
     #[test]
     fn guards_cannot_leak() {
         let load = Arc::new(ReplicaLoad::default());
-        let a = load.start();
-        let b = load.start();
-        assert_eq!(load.inflight(), 2);
+        let a = load.start(100);
+        let b = load.start(50);
+        assert_eq!((load.inflight(), load.pending_prefill()), (2, 150));
+        a.prefill_done();
+        a.prefill_done();
+        assert_eq!(load.pending_prefill(), 50);
+        a.release();
+        assert_eq!(load.inflight(), 1);
         drop(a);
+        assert_eq!(load.inflight(), 1, "released once only");
         let handle = std::thread::spawn(move || drop(b));
         handle.join().unwrap();
-        assert_eq!(load.inflight(), 0);
+        assert_eq!((load.inflight(), load.pending_prefill()), (0, 0));
     }
 }

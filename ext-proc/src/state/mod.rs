@@ -2,12 +2,17 @@
 //! immutable snapshots; the decision path reads the current snapshot and the
 //! per-replica atomics, and never waits on the writer.
 
+pub mod figures;
 pub mod health;
 pub mod load;
+pub mod outlier;
+pub mod prefix_index;
+pub mod scrape;
+pub mod warmup;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use moka::sync::Cache;
@@ -15,9 +20,13 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::config::RouterConfig;
+use crate::observe::Observation;
 use crate::topology::Topology;
+use figures::{FleetFigures, FleetWindow};
 use health::{Health, HealthMachine};
-use load::{InflightGuard, ReplicaLoad};
+use load::{ReplicaLoad, RequestGuard};
+use outlier::ReplicaOutlier;
+use prefix_index::{IndexWriter, PrefixIndex};
 
 /// What the decision path reads for one request.
 #[derive(Debug)]
@@ -25,27 +34,56 @@ pub struct Snapshot {
     pub topo: Arc<Topology>,
     /// `[fleet][replica]`, parallel to `topo.fleets[f].replicas`.
     pub replicas: Vec<Vec<ReplicaState>>,
+    /// Parallel to `topo.fleets`.
+    pub fleets: Vec<FleetState>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct ReplicaState {
     pub health: Health,
+    /// Passed the stage's golden prompts since it last (re)joined.
+    pub warm: bool,
+    pub ejected: bool,
+    pub draining: bool,
 }
 
 impl ReplicaState {
     pub fn ready(&self) -> bool {
-        self.health == Health::Healthy
+        self.health == Health::Healthy && self.warm && !self.ejected && !self.draining
     }
 }
 
-/// A decision, as the writer and the debug log keep it.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug)]
+pub struct FleetState {
+    pub prefix: Arc<PrefixIndex>,
+    pub figures: FleetFigures,
+    /// The priority policy's saturation, with hysteresis (see `saturation`).
+    pub spilling: bool,
+}
+
+/// A decision, as the writer learns it.
+#[derive(Clone, Debug)]
 pub struct Routed {
+    pub generation: u64,
+    pub request_id: String,
+    pub stage: usize,
+    pub fleet: usize,
+    pub replica: usize,
+    pub key_source: &'static str,
+    pub blocks: Vec<u64>,
+    pub block_tokens: u32,
+    pub predicted_cached_tokens: u64,
+}
+
+/// A decision as `/debug/decisions` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionRecord {
     pub request_id: String,
     pub stage: String,
     pub fleet: String,
     pub replica: String,
     pub key_source: &'static str,
+    pub predicted_cached_tokens: u64,
 }
 
 #[derive(Debug)]
@@ -56,25 +94,33 @@ pub enum Event {
         replica: usize,
         ok: bool,
     },
+    Warmup {
+        generation: u64,
+        fleet: usize,
+        replica: usize,
+        ok: bool,
+    },
     Routed(Box<Routed>),
-    Observed(Box<crate::observe::Observation>),
+    Observed(Box<Observation>),
     Reload(Box<RouterConfig>),
 }
 
-/// How long a decision's in-flight count waits for the observing stream to
-/// claim it before it is released anyway (the observer was never reached).
+/// How long a decision's load waits for the observing stream to claim it
+/// before it is released anyway (the observer was never reached).
 const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 const DECISION_LOG: usize = 4096;
 const EVENT_QUEUE: usize = 65_536;
+/// How often saturation, figures and outliers are re-evaluated.
+pub const TICK: Duration = Duration::from_millis(250);
 
 /// Everything shared between the gRPC streams, the admin API and the writer.
 pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
     events: mpsc::Sender<Event>,
-    /// In-flight guards of routed requests, by request id, until observed.
-    pending: Cache<String, Arc<InflightGuard>>,
+    /// Load guards of routed requests, by request id, until observed.
+    pending: Cache<String, Arc<RequestGuard>>,
     /// Recent decisions for `/debug/decisions`; only the writer appends.
-    decisions: Mutex<VecDeque<Routed>>,
+    decisions: Mutex<VecDeque<DecisionRecord>>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -89,7 +135,7 @@ impl Shared {
     }
 
     /// Never blocks the request path: when the writer is far behind, the event
-    /// is dropped (it only refines state that the next events correct).
+    /// is dropped (it only refines state that later events correct).
     pub fn emit(&self, event: Event) {
         let _ = self.events.try_send(event);
     }
@@ -98,18 +144,18 @@ impl Shared {
         self.events.clone()
     }
 
-    pub fn hold_inflight(&self, request_id: &str, guard: InflightGuard) {
+    pub fn hold_load(&self, request_id: &str, guard: RequestGuard) {
         if !request_id.is_empty() {
             self.pending.insert(request_id.to_string(), Arc::new(guard));
         }
     }
 
-    /// The observing stream takes over a request's in-flight count.
-    pub fn claim_inflight(&self, request_id: &str) -> Option<Arc<InflightGuard>> {
+    /// The observing stream takes over a request's load.
+    pub fn claim_load(&self, request_id: &str) -> Option<Arc<RequestGuard>> {
         self.pending.remove(request_id)
     }
 
-    pub fn recent_decisions(&self, request_id: Option<&str>, limit: usize) -> Vec<Routed> {
+    pub fn recent_decisions(&self, request_id: Option<&str>, limit: usize) -> Vec<DecisionRecord> {
         let log = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
         log.iter()
             .rev()
@@ -120,13 +166,32 @@ impl Shared {
     }
 }
 
+/// The writer's model of one replica.
+#[derive(Debug, Default)]
+struct ReplicaModel {
+    health: HealthMachine,
+    warm: bool,
+    outlier: ReplicaOutlier,
+    draining: bool,
+}
+
+#[derive(Debug)]
+struct FleetModel {
+    index: IndexWriter,
+    window: FleetWindow,
+    spilling: bool,
+    figures: FleetFigures,
+    replicas: Vec<ReplicaModel>,
+}
+
 /// Owns all mutable router state; the only publisher of snapshots.
 pub struct Writer {
     shared: Arc<Shared>,
     rx: mpsc::Receiver<Event>,
     topo: Arc<Topology>,
-    health: Vec<Vec<HealthMachine>>,
+    fleets: Vec<FleetModel>,
     loads: HashMap<(String, String), Arc<ReplicaLoad>>,
+    dirty: bool,
 }
 
 impl Writer {
@@ -134,13 +199,9 @@ impl Writer {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let mut loads = HashMap::new();
         let topo = Arc::new(build_topology(cfg, 1, &mut loads));
-        let health = fresh_health(&topo, &[], &Topology::empty());
-        let snapshot = Snapshot {
-            replicas: replica_states(&topo, &health),
-            topo: topo.clone(),
-        };
+        let fleets = fleet_models(&topo, Vec::new(), &Topology::empty());
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(snapshot),
+            snapshot: ArcSwap::from_pointee(snapshot(&topo, &fleets)),
             events: tx,
             pending: Cache::builder()
                 .max_capacity(1 << 20)
@@ -152,26 +213,47 @@ impl Writer {
             shared: shared.clone(),
             rx,
             topo,
-            health,
+            fleets,
             loads,
+            dirty: false,
         };
         (shared, writer)
     }
 
     pub async fn run(mut self) {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
                 ev = self.rx.recv() => match ev {
-                    Some(ev) => self.apply(ev),
+                    Some(ev) => {
+                        let now = Instant::now();
+                        self.apply(ev, now);
+                        // Drain what else is queued before publishing once.
+                        while let Ok(ev) = self.rx.try_recv() {
+                            self.apply(ev, now);
+                        }
+                        self.publish_if_dirty(now);
+                    }
                     None => return,
                 },
-                _ = tick.tick() => self.shared.pending.run_pending_tasks(),
+                _ = tick.tick() => {
+                    self.tick(Instant::now());
+                    self.shared.pending.run_pending_tasks();
+                }
             }
         }
     }
 
-    fn apply(&mut self, ev: Event) {
+    /// Applies every queued event now (used by simulations that drive the
+    /// writer synchronously with their own clock).
+    pub fn drain(&mut self, now: Instant) {
+        while let Ok(ev) = self.rx.try_recv() {
+            self.apply(ev, now);
+        }
+        self.publish_if_dirty(now);
+    }
+
+    pub fn apply(&mut self, ev: Event, now: Instant) {
         match ev {
             Event::Health {
                 generation,
@@ -179,56 +261,237 @@ impl Writer {
                 replica,
                 ok,
             } => {
-                if generation != self.topo.generation {
-                    return;
-                }
-                let cfg = &self.topo.health_check;
-                if let Some(now) = self.health[fleet][replica].record(ok, cfg) {
-                    let f = &self.topo.fleets[fleet];
-                    tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, health = ?now, "replica health changed");
-                    self.publish();
+                if generation == self.topo.generation {
+                    self.on_health(fleet, replica, ok);
                 }
             }
-            Event::Routed(r) => {
-                let mut log = self
-                    .shared
-                    .decisions
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                if log.len() == DECISION_LOG {
-                    log.pop_front();
+            Event::Warmup {
+                generation,
+                fleet,
+                replica,
+                ok,
+            } => {
+                if generation == self.topo.generation {
+                    let m = &mut self.fleets[fleet].replicas[replica];
+                    if ok && !m.warm {
+                        m.warm = true;
+                        let f = &self.topo.fleets[fleet];
+                        tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, "replica passed warmup, joins the rotation");
+                        self.dirty = true;
+                    }
                 }
-                log.push_back(*r);
             }
-            Event::Observed(_) => {}
-            Event::Reload(cfg) => {
-                let topo = Arc::new(build_topology(
-                    &cfg,
-                    self.topo.generation + 1,
-                    &mut self.loads,
-                ));
-                self.health = fresh_health(&topo, &self.health, &self.topo);
-                self.topo = topo;
-                // Counters of replicas that left go with them.
-                let live: std::collections::HashSet<(String, String)> = self
-                    .topo
-                    .fleets
-                    .iter()
-                    .flat_map(|f| f.replicas.iter().map(|r| (f.name.clone(), r.addr.clone())))
-                    .collect();
-                self.loads.retain(|k, _| live.contains(k));
-                tracing::info!(generation = self.topo.generation, "router config applied");
-                self.publish();
-            }
+            Event::Routed(r) => self.on_routed(*r),
+            Event::Observed(o) => self.on_observed(&o, now),
+            Event::Reload(cfg) => self.reload(&cfg, now),
         }
     }
 
-    fn publish(&self) {
-        self.shared.snapshot.store(Arc::new(Snapshot {
-            topo: self.topo.clone(),
-            replicas: replica_states(&self.topo, &self.health),
-        }));
+    fn on_health(&mut self, fleet: usize, replica: usize, ok: bool) {
+        let cfg = self.topo.health_check.clone();
+        let warmup = self.topo.stages_of(fleet).any(|s| s.warmup.is_some());
+        let m = &mut self.fleets[fleet].replicas[replica];
+        let Some(now) = m.health.record(ok, &cfg) else {
+            return;
+        };
+        let f = &self.topo.fleets[fleet];
+        tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, health = ?now, "replica health changed");
+        if now == Health::Unhealthy {
+            // Its cache is gone or unreachable: stop predicting hits on it.
+            self.fleets[fleet].index.clear(replica);
+            self.fleets[fleet].replicas[replica].warm = !warmup;
+        }
+        self.dirty = true;
     }
+
+    fn on_routed(&mut self, r: Routed) {
+        if r.generation == self.topo.generation
+            && let Some(f) = self.fleets.get_mut(r.fleet)
+        {
+            f.index.insert(r.replica, &r.blocks, r.block_tokens);
+        }
+        let topo = &self.topo;
+        let (Some(stage), Some(fleet)) = (topo.stages.get(r.stage), topo.fleets.get(r.fleet))
+        else {
+            return;
+        };
+        let record = DecisionRecord {
+            request_id: r.request_id,
+            stage: stage.name.clone(),
+            fleet: fleet.name.clone(),
+            replica: fleet
+                .replicas
+                .get(r.replica)
+                .map(|x| x.addr.clone())
+                .unwrap_or_default(),
+            key_source: r.key_source,
+            predicted_cached_tokens: r.predicted_cached_tokens,
+        };
+        let mut log = self
+            .shared
+            .decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if log.len() == DECISION_LOG {
+            log.pop_front();
+        }
+        log.push_back(record);
+    }
+
+    fn on_observed(&mut self, o: &Observation, now: Instant) {
+        let Some(f) = self.topo.fleet_index(&o.fleet) else {
+            return;
+        };
+        let addr = o.served_by.as_deref().unwrap_or(&o.replica);
+        let Some(r) = self.topo.fleets[f]
+            .replicas
+            .iter()
+            .position(|x| x.addr == addr)
+        else {
+            return;
+        };
+        let ok = o.succeeded();
+        let cached = o.usage.map(|u| u.cached_tokens());
+        let uncached = match o.usage {
+            Some(u) => u.prompt_tokens.saturating_sub(u.cached_tokens()),
+            None => o.uncached_tokens,
+        };
+        let ttft_ms = o
+            .time_to_first_byte
+            .filter(|_| ok && o.stream)
+            .map(|d| d.as_secs_f64() * 1000.0);
+        let tokens = o.usage.map_or(0, |u| u.prompt_tokens + u.completion_tokens);
+        let fm = &mut self.fleets[f];
+        fm.window.record(now, ok, ttft_ms, uncached, tokens);
+        if o.counts_against_replica() {
+            let out = o.usage.map_or(0, |u| u.completion_tokens);
+            fm.replicas[r].outlier.record(
+                now,
+                ok,
+                ttft_ms,
+                uncached,
+                o.total.as_secs_f64() * 1000.0,
+                out,
+            );
+        }
+        // The engine reports nothing cached where the router predicted a
+        // real prefix: the replica lost its cache (restart, eviction storm).
+        if ok && cached == Some(0) && o.predicted_cached_tokens > 0 && addr == o.replica {
+            fm.index.clear(r);
+        }
+    }
+
+    /// Periodic work: saturation (with hysteresis), figures, outliers.
+    pub fn tick(&mut self, now: Instant) {
+        let snap = self.shared.snapshot();
+        for (f, fleet) in self.topo.fleets.iter().enumerate() {
+            let ready: Vec<usize> = (0..fleet.replicas.len())
+                .filter(|&r| {
+                    snap.replicas
+                        .get(f)
+                        .and_then(|v| v.get(r))
+                        .is_some_and(|s| s.ready())
+                })
+                .collect();
+            let fm = &mut self.fleets[f];
+            let resume = self
+                .topo
+                .stages_of(f)
+                .map(|s| s.routing.resume_below())
+                .fold(1.0f64, f64::min);
+            let spilling = crate::route::saturation::spilling(fleet, &ready, fm.spilling, resume);
+            if spilling != fm.spilling {
+                tracing::info!(fleet = %fleet.name, saturated = spilling, "fleet saturation changed");
+                fm.spilling = spilling;
+                self.dirty = true;
+            }
+            let window = self
+                .topo
+                .stages_of(f)
+                .map(|s| s.alarms.window_s)
+                .max()
+                .unwrap_or(60);
+            let figures = fm.window.figures(
+                now,
+                Duration::from_secs(window),
+                ready.len(),
+                fleet.cost.as_ref(),
+            );
+            if figures_changed(&fm.figures, &figures) {
+                fm.figures = figures;
+                self.dirty = true;
+            }
+            // Ejections end by time.
+            for (r, m) in fm.replicas.iter().enumerate() {
+                let was = snap
+                    .replicas
+                    .get(f)
+                    .and_then(|v| v.get(r))
+                    .is_some_and(|s| s.ejected);
+                if was && !m.outlier.is_ejected(now) {
+                    tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");
+                    self.dirty = true;
+                }
+            }
+            if let Some(cfg) = self.topo.outlier_for(f) {
+                let eligible: Vec<bool> = (0..fleet.replicas.len())
+                    .map(|r| fm.replicas[r].health.state == Health::Healthy)
+                    .collect();
+                let mut outliers: Vec<ReplicaOutlier> = fm
+                    .replicas
+                    .iter_mut()
+                    .map(|m| std::mem::take(&mut m.outlier))
+                    .collect();
+                let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, now);
+                for (m, o) in fm.replicas.iter_mut().zip(outliers) {
+                    m.outlier = o;
+                }
+                for (r, d) in ejected {
+                    tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: behind its fleet's median");
+                    self.dirty = true;
+                }
+            }
+        }
+        drop(snap);
+        self.publish_if_dirty(now);
+    }
+
+    fn reload(&mut self, cfg: &RouterConfig, now: Instant) {
+        let topo = Arc::new(build_topology(
+            cfg,
+            self.topo.generation + 1,
+            &mut self.loads,
+        ));
+        let old = std::mem::take(&mut self.fleets);
+        self.fleets = fleet_models(&topo, old, &self.topo);
+        self.topo = topo;
+        // Counters of replicas that left go with them.
+        let live: std::collections::HashSet<(String, String)> = self
+            .topo
+            .fleets
+            .iter()
+            .flat_map(|f| f.replicas.iter().map(|r| (f.name.clone(), r.addr.clone())))
+            .collect();
+        self.loads.retain(|k, _| live.contains(k));
+        tracing::info!(generation = self.topo.generation, "router config applied");
+        self.dirty = true;
+        self.publish_if_dirty(now);
+    }
+
+    fn publish_if_dirty(&mut self, now: Instant) {
+        if std::mem::take(&mut self.dirty) {
+            self.shared
+                .snapshot
+                .store(Arc::new(snapshot_at(&self.topo, &self.fleets, now)));
+        }
+    }
+}
+
+fn figures_changed(a: &FleetFigures, b: &FleetFigures) -> bool {
+    a.samples != b.samples
+        || a.latency != b.latency
+        || a.ttft_p95_ms != b.ttft_p95_ms
+        || a.usd_per_mtok != b.usd_per_mtok
 }
 
 fn build_topology(
@@ -244,44 +507,88 @@ fn build_topology(
     })
 }
 
-/// Health for a new topology: replicas that were already known keep theirs.
-fn fresh_health(
-    topo: &Topology,
-    old: &[Vec<HealthMachine>],
-    old_topo: &Topology,
-) -> Vec<Vec<HealthMachine>> {
-    topo.fleets
-        .iter()
-        .map(|f| {
-            f.replicas
+/// Models for a new topology: a fleet whose replica list is unchanged keeps
+/// everything (its prefix index included); other fleets keep what they can
+/// per replica address.
+fn fleet_models(topo: &Topology, mut old: Vec<FleetModel>, old_topo: &Topology) -> Vec<FleetModel> {
+    let mut out = Vec::with_capacity(topo.fleets.len());
+    for (f, fleet) in topo.fleets.iter().enumerate() {
+        let warmup = topo.stages_of(f).any(|s| s.warmup.is_some());
+        let prev = old_topo.fleet_index(&fleet.name);
+        let same_members = prev.is_some_and(|p| {
+            old_topo.fleets[p]
+                .replicas
                 .iter()
-                .map(|r| {
-                    old_topo
-                        .fleet_index(&f.name)
-                        .and_then(|of| {
-                            let oi = old_topo.fleets[of]
-                                .replicas
-                                .iter()
-                                .position(|x| x.addr == r.addr)?;
-                            old.get(of)?.get(oi).copied()
-                        })
-                        .unwrap_or_default()
-                })
-                .collect()
-        })
-        .collect()
+                .map(|r| &r.addr)
+                .eq(fleet.replicas.iter().map(|r| &r.addr))
+        });
+        if same_members
+            && let Some(p) = prev
+            && p < old.len()
+        {
+            let m = std::mem::replace(&mut old[p], empty_model(0, 1));
+            out.push(m);
+            continue;
+        }
+        let mut m = empty_model(fleet.replicas.len(), fleet.capacity.kv_cache_tokens);
+        for (r, rep) in fleet.replicas.iter().enumerate() {
+            let carried = prev.and_then(|p| {
+                let oi = old_topo.fleets[p]
+                    .replicas
+                    .iter()
+                    .position(|x| x.addr == rep.addr)?;
+                old.get_mut(p)
+                    .and_then(|fm| fm.replicas.get_mut(oi))
+                    .map(std::mem::take)
+            });
+            m.replicas[r] = carried.unwrap_or(ReplicaModel {
+                warm: !warmup,
+                ..Default::default()
+            });
+        }
+        out.push(m);
+    }
+    out
 }
 
-fn replica_states(topo: &Topology, health: &[Vec<HealthMachine>]) -> Vec<Vec<ReplicaState>> {
-    topo.fleets
-        .iter()
-        .enumerate()
-        .map(|(f, fleet)| {
-            (0..fleet.replicas.len())
-                .map(|r| ReplicaState {
-                    health: health[f][r].state,
-                })
-                .collect()
-        })
-        .collect()
+fn empty_model(replicas: usize, kv_tokens: u64) -> FleetModel {
+    FleetModel {
+        index: IndexWriter::new(replicas, kv_tokens),
+        window: FleetWindow::default(),
+        spilling: false,
+        figures: FleetFigures::default(),
+        replicas: (0..replicas).map(|_| ReplicaModel::default()).collect(),
+    }
+}
+
+fn snapshot(topo: &Arc<Topology>, fleets: &[FleetModel]) -> Snapshot {
+    snapshot_at(topo, fleets, Instant::now())
+}
+
+fn snapshot_at(topo: &Arc<Topology>, fleets: &[FleetModel], now: Instant) -> Snapshot {
+    Snapshot {
+        topo: topo.clone(),
+        replicas: fleets
+            .iter()
+            .map(|fm| {
+                fm.replicas
+                    .iter()
+                    .map(|m| ReplicaState {
+                        health: m.health.state,
+                        warm: m.warm,
+                        ejected: m.outlier.is_ejected(now),
+                        draining: m.draining,
+                    })
+                    .collect()
+            })
+            .collect(),
+        fleets: fleets
+            .iter()
+            .map(|fm| FleetState {
+                prefix: fm.index.index(),
+                figures: fm.figures,
+                spilling: fm.spilling,
+            })
+            .collect(),
+    }
 }

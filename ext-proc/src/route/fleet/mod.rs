@@ -1,16 +1,27 @@
 //! Fleet policies: given the eligible fleets, pick one. Each policy is a small
 //! function of the candidates and the snapshot; none of them writes state.
 
+#[cfg(test)]
+mod conformance;
+mod cost;
+mod latency;
+mod priority;
 mod weighted;
 
-use super::eligible::Candidates;
+use super::eligible::{CandidateFleet, Candidates};
+use super::key::RouteKey;
+use super::rendezvous::{score, unit};
+use super::saturation;
 use crate::state::Snapshot;
-use crate::topology::Policy;
+use crate::topology::{Policy, Stage};
 
 pub struct PolicyInput<'a> {
     pub snap: &'a Snapshot,
+    pub stage: &'a Stage,
     pub candidates: &'a Candidates,
-    pub key: u64,
+    pub key: &'a RouteKey<'a>,
+    /// Per-request randomness (exploration), passed in so tests are seeded.
+    pub rng: u64,
 }
 
 /// A fleet policy returns an index into `candidates.fleets`, or `None` when no
@@ -22,6 +33,91 @@ pub trait FleetPolicy {
 pub fn choose(policy: &Policy, input: &PolicyInput<'_>) -> Option<usize> {
     match policy {
         Policy::Weighted { weights } => weighted::Weighted { weights }.choose(input),
-        Policy::Priority { .. } | Policy::Latency | Policy::Cost => None,
+        Policy::Priority { order } => priority::Priority { order }.choose(input),
+        Policy::Latency => latency::Latency.choose(input),
+        Policy::Cost => cost::Cost.choose(input),
+    }
+}
+
+impl PolicyInput<'_> {
+    /// Saturated now, or still spilling after a saturation (hysteresis).
+    pub fn saturated(&self, c: &CandidateFleet) -> bool {
+        if self.snap.fleets[c.fleet].spilling {
+            return true;
+        }
+        let ready: Vec<usize> = c.ready.iter().map(|r| r.replica).collect();
+        saturation::utilisation(&self.snap.topo.fleets[c.fleet], &ready) >= 1.0
+    }
+
+    /// Indices of candidates that are not saturated; all of them when every
+    /// one is (some fleet must still take the request).
+    pub fn unsaturated(&self) -> Vec<usize> {
+        let all: Vec<usize> = (0..self.candidates.fleets.len()).collect();
+        let free: Vec<usize> = all
+            .iter()
+            .copied()
+            .filter(|&i| !self.saturated(&self.candidates.fleets[i]))
+            .collect();
+        if free.is_empty() { all } else { free }
+    }
+
+    /// The exploration draw: `Some(index)` of a uniformly random candidate
+    /// among `among` with probability `share`.
+    pub fn explore(&self, among: &[usize], share: f64) -> Option<usize> {
+        if among.len() < 2 || unit(self.rng, 0x5eed) >= share {
+            return None;
+        }
+        let pick = (unit(self.rng, 0xf1ee7) * among.len() as f64) as usize;
+        among.get(pick.min(among.len() - 1)).copied()
+    }
+
+    /// Spreads near-equal candidates by the key: weighted rendezvous with
+    /// weight = ready replicas, so each fleet's share follows its size and a
+    /// key keeps its fleet while the set is unchanged.
+    pub fn spread(&self, among: &[usize]) -> Option<usize> {
+        among.iter().copied().max_by(|&a, &b| {
+            let s = |i: usize| {
+                let c = &self.candidates.fleets[i];
+                score(
+                    unit(self.key.key, self.snap.topo.fleets[c.fleet].seed),
+                    c.ready.len() as f64,
+                )
+            };
+            s(a).total_cmp(&s(b))
+        })
+    }
+
+    /// The fleet's time to first token for this request as its figures
+    /// predict it (ms), given the prefix it would reuse. `None` when unmeasured.
+    pub fn expected_ttft(&self, i: usize) -> Option<f64> {
+        let c = &self.candidates.fleets[i];
+        let per_k = self.snap.fleets[c.fleet].figures.latency?;
+        let uncached =
+            u64::from(self.key.prompt_tokens).saturating_sub(c.best_cached_tokens(self.key));
+        Some(per_k * (uncached as f64 + crate::state::figures::OVERHEAD_TOKENS) / 1000.0)
+    }
+
+    /// Expected TTFTs of `among`, unmeasured fleets taking the mean of the
+    /// measured ones (so they are neither shunned nor flooded).
+    pub fn expected_ttfts(&self, among: &[usize]) -> Vec<f64> {
+        let known: Vec<Option<f64>> = among.iter().map(|&i| self.expected_ttft(i)).collect();
+        let measured: Vec<f64> = known.iter().flatten().copied().collect();
+        let neutral = if measured.is_empty() {
+            0.0
+        } else {
+            measured.iter().sum::<f64>() / measured.len() as f64
+        };
+        known.into_iter().map(|k| k.unwrap_or(neutral)).collect()
+    }
+
+    /// Candidates whose value is within `tolerance` of the lowest.
+    pub fn near_best(among: &[usize], values: &[f64], tolerance: f64) -> Vec<usize> {
+        let best = values.iter().copied().fold(f64::INFINITY, f64::min);
+        among
+            .iter()
+            .zip(values)
+            .filter(|(_, v)| **v <= best * (1.0 + tolerance) || (best <= 0.0 && **v <= 0.0))
+            .map(|(&i, _)| i)
+            .collect()
     }
 }

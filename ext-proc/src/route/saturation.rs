@@ -1,0 +1,39 @@
+//! When a fleet counts as saturated: the priority policy spills past it.
+//!
+//! Utilisation is the highest of three ratios over the fleet's ready
+//! replicas: requests in flight against `capacity.max_inflight` each, the
+//! engines' reported queue against `max_waiting`, and their reported KV-cache
+//! usage against `max_kv_usage`. A fleet starts spilling at 1.0 and takes
+//! traffic first again only once back under `resume_below` (0.8 by default),
+//! so it does not flap around the threshold.
+
+use crate::topology::Fleet;
+
+pub fn utilisation(fleet: &Fleet, ready: &[usize]) -> f64 {
+    if ready.is_empty() {
+        return f64::INFINITY;
+    }
+    let n = ready.len() as f64;
+    let cap = &fleet.capacity;
+    let (mut inflight, mut waiting, mut kv) = (0u64, 0u64, 0.0f64);
+    for &r in ready {
+        let l = &fleet.replicas[r].load;
+        inflight += u64::from(l.inflight());
+        waiting += u64::from(l.engine_waiting());
+        kv += l.kv_usage();
+    }
+    let by_inflight = inflight as f64 / (f64::from(cap.max_inflight) * n);
+    let by_queue = if cap.max_waiting == 0 {
+        if waiting > 0 { f64::INFINITY } else { 0.0 }
+    } else {
+        waiting as f64 / (f64::from(cap.max_waiting) * n)
+    };
+    let by_kv = kv / n / cap.max_kv_usage;
+    by_inflight.max(by_queue).max(by_kv)
+}
+
+/// The hysteresis: `was` is the previous state.
+pub fn spilling(fleet: &Fleet, ready: &[usize], was: bool, resume_below: f64) -> bool {
+    let u = utilisation(fleet, ready);
+    if was { u > resume_below } else { u >= 1.0 }
+}

@@ -1,0 +1,226 @@
+//! Which replicas of a fleet hold which prompt blocks in their KV cache, as the
+//! router predicts it.
+//!
+//! Readers (the decision path) see one lock-free map, block hash → bitmask of
+//! replicas. Only the writer task changes it, through [`IndexWriter`], which
+//! models each replica's cache as an LRU with a capacity in tokens, so the map
+//! never holds more than the fleet's caches can. A prompt's blocks are touched
+//! last-to-first, so the first block is the most recently used and eviction
+//! takes a prompt's tail first, as engines do: cached prefixes stay prefixes.
+
+use std::sync::Arc;
+
+use lru::LruCache;
+use nohash_hasher::BuildNoHashHasher;
+
+/// Block hashes are already uniform xxh3 values: hashing them again is waste.
+type Map = papaya::HashMap<u64, u64, BuildNoHashHasher<u64>>;
+
+/// The readers' half.
+#[derive(Debug, Default)]
+pub struct PrefixIndex {
+    map: Map,
+}
+
+/// Per-replica matched prefix lengths of one request, in blocks.
+pub type Matches = [u16; 64];
+
+impl PrefixIndex {
+    /// For each replica (by bit), how many leading blocks of `blocks` it holds.
+    /// Returns the longest match. Stops at the first block nobody holds.
+    pub fn matches(&self, blocks: &[u64], out: &mut Matches) -> u16 {
+        let guard = self.map.guard();
+        let mut alive = u64::MAX;
+        let mut depth = 0u16;
+        for (i, b) in blocks.iter().enumerate() {
+            let holders = self.map.get(b, &guard).copied().unwrap_or(0) & alive;
+            let mut dropped = alive & !holders;
+            while dropped != 0 {
+                let bit = dropped.trailing_zeros() as usize;
+                out[bit] = i as u16;
+                dropped &= dropped - 1;
+            }
+            alive = holders;
+            if alive == 0 {
+                return depth;
+            }
+            depth = i as u16 + 1;
+        }
+        let mut rest = alive;
+        while rest != 0 {
+            let bit = rest.trailing_zeros() as usize;
+            out[bit] = depth;
+            rest &= rest - 1;
+        }
+        depth
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The writer's half: one LRU per replica, and the shared map kept equal to
+/// their union.
+#[derive(Debug)]
+pub struct IndexWriter {
+    index: Arc<PrefixIndex>,
+    replicas: Vec<ReplicaBlocks>,
+}
+
+#[derive(Debug)]
+struct ReplicaBlocks {
+    lru: LruCache<u64, ()>,
+    capacity_tokens: u64,
+}
+
+impl IndexWriter {
+    /// `capacity_tokens` per replica, for `replicas` replicas (at most 64).
+    pub fn new(replicas: usize, capacity_tokens: u64) -> Self {
+        assert!(replicas <= 64, "a fleet index holds at most 64 replicas");
+        IndexWriter {
+            index: Arc::new(PrefixIndex {
+                map: Map::with_hasher(BuildNoHashHasher::default()),
+            }),
+            replicas: (0..replicas)
+                .map(|_| ReplicaBlocks {
+                    lru: LruCache::unbounded(),
+                    capacity_tokens,
+                })
+                .collect(),
+        }
+    }
+
+    pub fn index(&self) -> Arc<PrefixIndex> {
+        self.index.clone()
+    }
+
+    /// A request with these blocks was sent to `replica`: after it, the
+    /// replica's cache holds all of them.
+    pub fn insert(&mut self, replica: usize, blocks: &[u64], block_tokens: u32) {
+        let Some(r) = self.replicas.get_mut(replica) else {
+            return;
+        };
+        let block_tokens = u64::from(block_tokens.max(1));
+        let capacity = (r.capacity_tokens / block_tokens) as usize;
+        if capacity == 0 {
+            return;
+        }
+        // A prompt longer than the cache keeps only its head.
+        let blocks = &blocks[..blocks.len().min(capacity)];
+        let bit = 1u64 << replica;
+        let map = self.index.map.pin();
+        for &b in blocks.iter().rev() {
+            if r.lru.put(b, ()).is_none() {
+                let old = map.get(&b).copied().unwrap_or(0);
+                if old & bit == 0 {
+                    map.insert(b, old | bit);
+                }
+            }
+        }
+        while r.lru.len() > capacity {
+            if let Some((evicted, ())) = r.lru.pop_lru() {
+                clear_bit(&map, evicted, bit);
+            }
+        }
+    }
+
+    /// Forgets everything `replica` holds (it failed, restarted or left).
+    pub fn clear(&mut self, replica: usize) {
+        let Some(r) = self.replicas.get_mut(replica) else {
+            return;
+        };
+        let bit = 1u64 << replica;
+        let map = self.index.map.pin();
+        while let Some((b, ())) = r.lru.pop_lru() {
+            clear_bit(&map, b, bit);
+        }
+    }
+
+    /// Blocks the replica is believed to hold.
+    pub fn held(&self, replica: usize) -> usize {
+        self.replicas.get(replica).map_or(0, |r| r.lru.len())
+    }
+}
+
+fn clear_bit<G: papaya::Guard>(
+    map: &papaya::HashMapRef<'_, u64, u64, BuildNoHashHasher<u64>, G>,
+    block: u64,
+    bit: u64,
+) {
+    if let Some(&old) = map.get(&block) {
+        let new = old & !bit;
+        if new == 0 {
+            map.remove(&block);
+        } else {
+            map.insert(block, new);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn matches(w: &IndexWriter, blocks: &[u64]) -> (u16, Matches) {
+        let mut out = [0u16; 64];
+        let best = w.index().matches(blocks, &mut out);
+        (best, out)
+    }
+
+    #[test]
+    fn longest_prefix_per_replica() {
+        let mut w = IndexWriter::new(3, 1000);
+        w.insert(0, &[1, 2, 3, 4], 10);
+        w.insert(1, &[1, 2, 9], 10);
+        let (best, m) = matches(&w, &[1, 2, 3, 5]);
+        assert_eq!(best, 3);
+        assert_eq!(&m[..3], &[3, 2, 0]);
+        let (best, m) = matches(&w, &[7, 1]);
+        assert_eq!((best, &m[..3]), (0, &[0, 0, 0][..]));
+    }
+
+    #[test]
+    fn capacity_evicts_tails_first_and_clear_forgets() {
+        let mut w = IndexWriter::new(1, 40); // 4 blocks of 10 tokens
+        w.insert(0, &[1, 2, 3], 10);
+        w.insert(0, &[7, 8], 10);
+        // The older prompt lost its tail, kept its head.
+        assert_eq!(matches(&w, &[1, 2, 3]).0, 2);
+        assert_eq!(matches(&w, &[7, 8]).0, 2);
+        assert_eq!(w.held(0), 4);
+        w.clear(0);
+        assert!(w.index().is_empty());
+    }
+
+    proptest! {
+        /// The shared map is exactly the union of the replicas' LRUs, and
+        /// never larger than their capacities.
+        #[test]
+        fn map_equals_union_of_replica_caches(
+            ops in proptest::collection::vec((0usize..4, proptest::collection::vec(0u64..30, 0..12), any::<bool>()), 0..60)
+        ) {
+            let mut w = IndexWriter::new(4, 80);
+            for (r, blocks, clear) in &ops {
+                if *clear && blocks.len() % 5 == 0 { w.clear(*r) } else { w.insert(*r, blocks, 10) }
+            }
+            let idx = w.index();
+            let map = idx.map.pin();
+            let mut total = 0;
+            for (r, rb) in w.replicas.iter().enumerate() {
+                prop_assert!(rb.lru.len() <= 8);
+                for (b, ()) in rb.lru.iter() {
+                    prop_assert!(map.get(b).copied().unwrap_or(0) & (1 << r) != 0);
+                    total += 1;
+                }
+            }
+            let bits: u32 = map.iter().map(|(_, m)| m.count_ones()).sum();
+            prop_assert_eq!(bits as usize, total);
+        }
+    }
+}

@@ -1,0 +1,67 @@
+//! Warmup: before a replica (re)joins, it must answer the stage's golden
+//! prompts with status 200 and, where given, the expected output, so a request
+//! gets the same model wherever it lands.
+
+use std::time::Duration;
+
+use crate::config::WarmupConfig;
+
+/// Runs every golden prompt against one replica; `Err` says which failed.
+pub async fn check(client: &reqwest::Client, addr: &str, cfg: &WarmupConfig) -> Result<(), String> {
+    let url = format!("http://{addr}{}", cfg.path);
+    for (i, g) in cfg.prompts.iter().enumerate() {
+        let resp = client
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(g.body.to_string())
+            .timeout(Duration::from_millis(cfg.timeout_ms))
+            .send()
+            .await
+            .map_err(|e| format!("golden prompt {i}: {e}"))?;
+        let status = resp.status();
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| format!("golden prompt {i}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("golden prompt {i}: status {status}"));
+        }
+        if let Some(expect) = &g.expect {
+            let out = answer_text(&text);
+            if !out.contains(expect.as_str()) {
+                return Err(format!(
+                    "golden prompt {i}: answer {out:?} does not contain {expect:?}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The generated text of a chat or completions response.
+fn answer_text(body: &str) -> String {
+    let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+        return String::new();
+    };
+    let choice = &v["choices"][0];
+    choice["message"]["content"]
+        .as_str()
+        .or_else(|| choice["text"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answer_text_of_both_apis() {
+        assert_eq!(
+            answer_text(r#"{"choices":[{"message":{"content":"hi"}}]}"#),
+            "hi"
+        );
+        assert_eq!(answer_text(r#"{"choices":[{"text":"yo"}]}"#), "yo");
+        assert_eq!(answer_text("nope"), "");
+    }
+}
