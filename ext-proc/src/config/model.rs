@@ -159,22 +159,26 @@ pub struct ReplicaChoiceConfig {
     /// Tokens charged per request the engine reports queued (work the router
     /// did not send, e.g. from other routers).
     pub engine_queue_tokens: f64,
-    /// Bounded load: no replica takes a request while it has more than this
-    /// multiple of the fleet's mean in-flight requests (counting this one)...
+    /// Replicas whose cost is within this many tokens of the best count as
+    /// tied; ties go to the sampling key's rendezvous order.
+    pub tie_tokens: f64,
+    /// Bounded load: no replica takes a request while its queued tokens
+    /// exceed this multiple of the fleet's mean...
     pub load_factor: f64,
-    /// ...or, at low load, more than this many: a replica with a couple of
-    /// requests is not overloaded whatever the mean.
-    pub min_bound: u32,
+    /// ...plus this many tokens (so an idle fleet is not "overloaded" by one
+    /// prompt).
+    pub load_slack_tokens: f64,
 }
 
 impl Default for ReplicaChoiceConfig {
     fn default() -> Self {
         ReplicaChoiceConfig {
-            prefix_weight: 1.0,
+            prefix_weight: 1.5,
             load_weight: 1.0,
             engine_queue_tokens: 512.0,
-            load_factor: 1.25,
-            min_bound: 2,
+            tie_tokens: 1024.0,
+            load_factor: 3.0,
+            load_slack_tokens: 32768.0,
         }
     }
 }

@@ -292,6 +292,8 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
             ("prefix_weight", rc.prefix_weight),
             ("load_weight", rc.load_weight),
             ("engine_queue_tokens", rc.engine_queue_tokens),
+            ("tie_tokens", rc.tie_tokens),
+            ("load_slack_tokens", rc.load_slack_tokens),
         ] {
             if !finite_non_negative(v) {
                 e.push(

@@ -32,15 +32,27 @@ pub struct Observation {
     pub usage: Option<Usage>,
     pub predicted_cached_tokens: u64,
     pub uncached_tokens: u64,
+    /// Prefill tokens that were waiting on the replica when it was chosen.
+    pub queued_tokens: u64,
     pub stream: bool,
     /// The response ended before it was complete (reset, or SSE without [DONE]).
     pub ended_early: bool,
 }
 
+/// The decision, read back from the route tag.
+struct RouteInfo {
+    stage: String,
+    fleet: String,
+    replica: String,
+    predicted: u64,
+    uncached: u64,
+    queued: u64,
+}
+
 pub struct Observer {
     shared: Arc<Shared>,
     started: Instant,
-    route: Option<(String, String, String, u64, u64)>,
+    route: Option<RouteInfo>,
     load: Option<Arc<RequestGuard>>,
     status: Option<u16>,
     served_by: Option<String>,
@@ -82,14 +94,13 @@ impl Observer {
         }
         self.route = header(map, contract::ROUTE)
             .and_then(RouteTag::decode)
-            .map(|t| {
-                (
-                    t.stage.to_string(),
-                    t.fleet.to_string(),
-                    t.replica.to_string(),
-                    t.predicted_cached_tokens,
-                    t.uncached_tokens,
-                )
+            .map(|t| RouteInfo {
+                stage: t.stage.to_string(),
+                fleet: t.fleet.to_string(),
+                replica: t.replica.to_string(),
+                predicted: t.predicted_cached_tokens,
+                uncached: t.uncached_tokens,
+                queued: t.queued_tokens,
             });
     }
 
@@ -137,7 +148,15 @@ impl Observer {
         if let Some(l) = self.load.take() {
             l.release();
         }
-        let Some((stage, fleet, replica, predicted, uncached)) = self.route.take() else {
+        let Some(RouteInfo {
+            stage,
+            fleet,
+            replica,
+            predicted,
+            uncached,
+            queued,
+        }) = self.route.take()
+        else {
             return;
         };
         let (usage, ended_early) = match &self.sse {
@@ -155,6 +174,7 @@ impl Observer {
             usage,
             predicted_cached_tokens: predicted,
             uncached_tokens: uncached,
+            queued_tokens: queued,
             stream: self.sse.is_some(),
             ended_early,
         })));

@@ -25,6 +25,8 @@ pub struct Decision {
     pub cached_tokens: u64,
     /// Prompt tokens it will have to prefill.
     pub uncached_tokens: u64,
+    /// Prefill tokens already waiting on it.
+    pub queued_tokens: u64,
 }
 
 /// Why a request cannot be routed; each becomes a JSON error for the client.
@@ -113,5 +115,6 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         replicas: choice.order,
         cached_tokens: choice.cached_tokens,
         uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
+        queued_tokens: choice.queued_tokens,
     })
 }

@@ -49,6 +49,7 @@ pub fn route(topo: &Topology, d: &Decision) -> ProcessingResponse {
         replica: hosts[0],
         predicted_cached_tokens: d.cached_tokens,
         uncached_tokens: d.uncached_tokens,
+        queued_tokens: d.queued_tokens,
     };
     let lb = Struct {
         fields: HashMap::from([(

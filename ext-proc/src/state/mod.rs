@@ -352,17 +352,21 @@ impl Writer {
         };
         let ok = o.succeeded();
         let cached = o.usage.map(|u| u.cached_tokens());
+        // Time to first token is the prefill queued ahead plus this prompt's
+        // own: normalising by both gives a figure of the replica's speed that
+        // does not depend on how busy routing made it.
         let uncached = match o.usage {
             Some(u) => u.prompt_tokens.saturating_sub(u.cached_tokens()),
             None => o.uncached_tokens,
         };
+        let work = uncached + o.queued_tokens;
         let ttft_ms = o
             .time_to_first_byte
             .filter(|_| ok && o.stream)
             .map(|d| d.as_secs_f64() * 1000.0);
         let tokens = o.usage.map_or(0, |u| u.prompt_tokens + u.completion_tokens);
         let fm = &mut self.fleets[f];
-        fm.window.record(now, ok, ttft_ms, uncached, tokens);
+        fm.window.record(now, ok, ttft_ms, work, tokens);
         if o.counts_against_replica() {
             let out = o.usage.map_or(0, |u| u.completion_tokens);
             fm.replicas[r].outlier.record(

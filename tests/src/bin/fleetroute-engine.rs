@@ -38,6 +38,9 @@ struct Args {
     /// Accepted model names, comma-separated; empty accepts any.
     #[arg(long, value_delimiter = ',', default_value = "")]
     models: Vec<String>,
+    /// Allow non-loopback listen addresses (containers only).
+    #[arg(long)]
+    any_address: bool,
 }
 
 fn parse_replica(s: &str) -> Result<(String, SocketAddr), String> {
@@ -58,6 +61,7 @@ async fn main() -> ExitCode {
     let cfg = EngineConfig {
         replicas: a.replicas,
         control: a.control,
+        any_address: a.any_address,
         settings: ReplicaSettings {
             block_bytes: a.block_bytes,
             cache_tokens: a.cache_tokens,

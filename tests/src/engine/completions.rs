@@ -1,5 +1,6 @@
-//! The completion handlers: queue for a batch slot, look up and fill the prefix
-//! cache, sleep for prefill, then decode (all at once, or a chunk per token).
+//! The completion handlers: queue for a batch slot, then for the prefill lane,
+//! look up and fill the prefix cache, sleep for prefill, then decode (all at
+//! once, or a chunk per token).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -75,6 +76,9 @@ async fn complete(
     let completion_tokens = params.max_tokens.unwrap_or(rep.settings.default_max_tokens);
 
     let slot = rep.admit().await;
+    // The cache is read when this prompt's prefill starts, after the prompts
+    // ahead of it in the lane have filled it.
+    let lane = rep.prefill_lane().await;
     let cached_tokens = {
         let mut cache = rep.cache();
         let matched = cache.serve(&blocks);
@@ -82,22 +86,16 @@ async fn complete(
     };
     rep.stats.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
     rep.stats.cached_tokens.fetch_add(cached_tokens, Relaxed);
-    sleep(duration(
-        rep.latency().prefill_ms(prompt_tokens - cached_tokens),
-    ))
-    .await;
+    let prefill = rep.latency().prefill_ms(prompt_tokens - cached_tokens);
+    sleep(duration(prefill)).await;
+    drop(lane);
 
+    let created = SystemTime::now().duration_since(UNIX_EPOCH);
     let job = Job {
         reply: Reply {
             endpoint,
-            id: rep.next_id(if endpoint == Endpoint::Chat {
-                "chatcmpl"
-            } else {
-                "cmpl"
-            }),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
+            id: rep.next_id(endpoint.id_prefix()),
+            created: created.map_or(0, |d| d.as_secs()),
             model: params.model.clone(),
         },
         output: Output::new(&params.model, &params.canonical),
@@ -107,11 +105,7 @@ async fn complete(
             cached_tokens,
         },
         // A client-set limit is what ends the output; otherwise it ends by itself.
-        finish_reason: if params.max_tokens.is_some() {
-            "length"
-        } else {
-            "stop"
-        },
+        finish_reason: params.max_tokens.map_or("stop", |_| "length"),
         die_at: rep
             .fault()
             .die_after_tokens

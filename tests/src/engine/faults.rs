@@ -16,11 +16,13 @@ pub struct Fault {
     /// Prefill and decode take this many times longer.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub slow_factor: Option<f64>,
-    /// Completions are accepted and never answered while set.
+    /// Completions are accepted and not answered while set (then served as
+    /// usual); `/health` still answers, so only request timeouts notice.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub hang: bool,
     /// Completions break after this many tokens: streams end with an error
-    /// instead of `[DONE]`, other requests lose their connection.
+    /// instead of `[DONE]`, other requests lose their connection. Requests
+    /// shorter than this are answered in full.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub die_after_tokens: Option<u64>,
     /// The replica stops listening (connections are refused) and drops its open

@@ -1,7 +1,9 @@
 //! The engine's latency model, as pure functions so a discrete-event simulation
 //! can replay the same arithmetic without running servers.
 //!
-//! A request waits in a FIFO queue while `max_batch` requests are running, then:
+//! A request waits in a FIFO queue while `max_batch` requests are running, then
+//! for the replica's prefill lane (one prefill at a time, in order: prefill is
+//! compute-bound, so prompts take turns), then:
 //!
 //! ```text
 //! prefill_ms = uncached_prompt_tokens / prefill_tokens_per_sec × 1000
@@ -10,9 +12,10 @@
 //! total_ms   = queue_ms + prefill_ms + decode_ms
 //! ```
 //!
-//! A slow fault multiplies prefill and decode by its factor ([`LatencyModel::slowed`]);
-//! queueing grows by itself, as the requests ahead are slowed too. Running
-//! requests do not slow each other: the batch is the only shared resource.
+//! `queue_ms` is the wait for a batch slot plus the prefills ahead in the lane.
+//! A slow fault multiplies prefill and decode by its factor
+//! ([`LatencyModel::slowed`]); queueing grows by itself, as the requests ahead
+//! are slowed too. Decodes of the batch run side by side.
 
 use std::time::Duration;
 

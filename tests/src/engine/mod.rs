@@ -36,6 +36,9 @@ pub struct EngineConfig {
     pub replicas: Vec<(String, SocketAddr)>,
     pub control: Option<SocketAddr>,
     pub settings: ReplicaSettings,
+    /// Allow addresses other than loopback (inside a container, where the
+    /// container's network is the boundary).
+    pub any_address: bool,
 }
 
 impl EngineConfig {
@@ -51,9 +54,9 @@ impl EngineConfig {
             .chain(self.control.as_ref());
         let mut ports = Vec::new();
         for addr in addrs {
-            if !addr.ip().is_loopback() {
+            if !self.any_address && !addr.ip().is_loopback() {
                 return Err(format!(
-                    "{addr}: the engine only binds loopback addresses (127.0.0.1)"
+                    "{addr}: the engine only binds loopback addresses (127.0.0.1) unless --any-address is given"
                 ));
             }
             if addr.port() != 0 && ports.contains(&addr.port()) {
@@ -192,6 +195,13 @@ async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, String> {
 /// Starts the engine, prints one line per listener and `ready`, and serves
 /// until SIGTERM or SIGINT.
 pub async fn run(cfg: EngineConfig) -> Result<(), String> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Handlers go in before `ready`, so a harness may signal as soon as it reads it.
+    let handler = |kind: SignalKind| signal(kind).map_err(|e| format!("signal handler: {e}"));
+    let (mut term, mut int) = (
+        handler(SignalKind::terminate())?,
+        handler(SignalKind::interrupt())?,
+    );
     let engine = Engine::start(cfg).await?;
     for (name, addr) in engine.replicas() {
         println!("engine replica {name} listening on {addr}");
@@ -200,17 +210,10 @@ pub async fn run(cfg: EngineConfig) -> Result<(), String> {
         println!("engine control listening on {addr}");
     }
     println!("ready");
-    wait_for_signal().await?;
-    engine.shutdown().await;
-    Ok(())
-}
-
-async fn wait_for_signal() -> Result<(), String> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(|e| format!("SIGTERM handler: {e}"))?;
     tokio::select! {
         _ = term.recv() => {}
-        r = tokio::signal::ctrl_c() => r.map_err(|e| format!("SIGINT handler: {e}"))?,
+        _ = int.recv() => {}
     }
+    engine.shutdown().await;
     Ok(())
 }

@@ -20,6 +20,16 @@ pub enum Endpoint {
     Completions,
 }
 
+impl Endpoint {
+    /// How response ids start, as in OpenAI's.
+    pub fn id_prefix(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completions => "cmpl",
+        }
+    }
+}
+
 /// The request fields the engine acts on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Params {

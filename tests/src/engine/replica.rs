@@ -29,9 +29,12 @@ pub struct Replica {
     /// The bound address; a refusing replica re-opens this same port.
     pub addr: SocketAddr,
     pub settings: ReplicaSettings,
-    pub cache: Mutex<PrefixCache>,
+    cache: Mutex<PrefixCache>,
     /// The batch: a fair (FIFO) semaphore of `max_batch` permits.
     slots: Arc<Semaphore>,
+    /// Prefills run one at a time, in arrival order: a prompt's prefill takes
+    /// the accelerator's compute while the batch's decodes continue.
+    prefill_lane: tokio::sync::Mutex<()>,
     pub fault: watch::Sender<Fault>,
     pub stats: Stats,
 }
@@ -98,6 +101,7 @@ impl Replica {
             addr,
             cache: Mutex::new(PrefixCache::new(settings.cache_tokens, block_tokens)),
             slots: Arc::new(Semaphore::new(settings.latency.max_batch)),
+            prefill_lane: tokio::sync::Mutex::new(()),
             fault: watch::Sender::new(Fault::default()),
             stats: Stats::default(),
             settings,
@@ -134,6 +138,11 @@ impl Replica {
             replica: self.clone(),
             _permit: permit,
         }
+    }
+
+    /// Waits for the prefill lane (FIFO); prefill runs while the guard lives.
+    pub async fn prefill_lane(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.prefill_lane.lock().await
     }
 
     /// Returns once the replica is not told to hang.

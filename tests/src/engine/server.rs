@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderName, StatusCode, header};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -36,8 +36,13 @@ impl Kill {
     }
 }
 
+const MAX_BODY_BYTES: usize = 64 << 20;
+
 static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 static SERVED_BY: HeaderName = HeaderName::from_static("x-served-by");
+/// The request header names the replica received, so tests can prove what a
+/// proxy in front of it forwarded or stripped.
+static RECEIVED: HeaderName = HeaderName::from_static("x-sim-received-headers");
 
 pub fn router(replica: Arc<Replica>) -> Router {
     Router::new()
@@ -45,6 +50,8 @@ pub fn router(replica: Arc<Replica>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/health", get(health))
         .route("/metrics", get(prometheus))
+        // Prompts up to the filter's largest readable body.
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn_with_state(replica.clone(), tag))
         .with_state(replica)
 }
@@ -52,7 +59,12 @@ pub fn router(replica: Arc<Replica>) -> Router {
 /// Names the replica on every answer and echoes the client's request id.
 async fn tag(State(rep): State<Arc<Replica>>, req: Request, next: Next) -> Response {
     let request_id = req.headers().get(&REQUEST_ID).cloned();
+    let names: Vec<&str> = req.headers().keys().map(HeaderName::as_str).collect();
+    let received = HeaderValue::from_str(&names.join(",")).ok();
     let mut res = next.run(req).await;
+    if let Some(v) = received {
+        res.headers_mut().insert(RECEIVED.clone(), v);
+    }
     res.headers_mut()
         .insert(SERVED_BY.clone(), rep.name_header.clone());
     if let Some(id) = request_id {

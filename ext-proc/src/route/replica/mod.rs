@@ -13,4 +13,6 @@ pub struct ReplicaChoice {
     pub order: Vec<usize>,
     /// Prompt tokens the chosen replica is predicted to hold.
     pub cached_tokens: u64,
+    /// Prefill tokens already waiting on the chosen replica.
+    pub queued_tokens: u64,
 }

@@ -1,20 +1,24 @@
 //! KV-prefix locality balanced against load.
 //!
-//! Each ready replica is scored in tokens, lower is better:
+//! Each ready replica is scored in prompt tokens, lower is better:
 //!
 //! ```text
-//! cost = load_weight   × (prefill tokens already queued on it
-//!                         + engine-reported queue × engine_queue_tokens)
-//!      − prefix_weight × prompt tokens it already holds
+//! queued = prefill tokens the router has sent it and not yet seen answered
+//!        + requests the engine reports waiting × engine_queue_tokens
+//! cost   = load_weight × queued − prefix_weight × prompt tokens it holds
 //! ```
 //!
-//! i.e. the prefill this request would wait for, minus the prefill its cached
-//! prefix saves. A bounded-load guard keeps a hot prefix from piling onto one
-//! replica: a replica that would pass `load_factor` × the fleet's mean
-//! in-flight requests (counting this one, and never less than `min_bound`), or
-//! is at its `max_inflight`, is only used when every replica is. A request with no cached prefix anywhere goes by the
-//! rendezvous hash of its sampling key (so a new conversation keeps a home),
-//! and exact ties fall to it too.
+//! With both weights at 1 the cost is this request's time to first token in
+//! prefill-token units, up to a constant: the prefill waiting ahead of it
+//! plus its own, less what its cached prefix saves.
+//!
+//! A bounded-load guard keeps a hot prefix from piling onto one replica: a
+//! replica whose queued tokens exceed `load_factor` × the fleet's mean plus
+//! `load_slack_tokens`, or that is at its `max_inflight`, is used only when
+//! every replica is. Replicas within `tie_tokens` of the best cost are tied,
+//! and ties go to the sampling key's rendezvous order, so a request with no
+//! cached prefix anywhere, on a balanced fleet, lands where its key hashes
+//! and a new conversation keeps a home.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -25,6 +29,7 @@ use crate::topology::Fleet;
 struct Scored {
     replica: usize,
     overloaded: bool,
+    queued: f64,
     cost: f64,
     unit: f64,
     cached: u64,
@@ -36,45 +41,57 @@ pub fn choose(
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
 ) -> ReplicaChoice {
-    let n = cand.ready.len() as f64;
-    let total: u64 = cand
-        .ready
-        .iter()
-        .map(|r| u64::from(fleet.replicas[r.replica].load.inflight()))
-        .sum();
-    let bound = (cfg.load_factor * (total as f64 + 1.0) / n).max(f64::from(cfg.min_bound));
-    let use_prefix = cand.best_match > 0;
     let mut scored: Vec<Scored> = cand
         .ready
         .iter()
         .map(|r| {
             let load = &fleet.replicas[r.replica].load;
-            let inflight = load.inflight();
-            let cached = cached_tokens(r.matched, key);
             let queued = load.pending_prefill() as f64
                 + f64::from(load.engine_waiting()) * cfg.engine_queue_tokens;
+            let cached = cached_tokens(r.matched, key);
             Scored {
                 replica: r.replica,
-                overloaded: f64::from(inflight) + 1.0 > bound
-                    || inflight >= fleet.capacity.max_inflight,
-                cost: if use_prefix {
-                    cfg.load_weight * queued - cfg.prefix_weight * cached as f64
-                } else {
-                    0.0
-                },
+                overloaded: load.inflight() >= fleet.capacity.max_inflight,
+                queued,
+                cost: 0.0,
                 unit: r.unit,
                 cached,
             }
         })
         .collect();
+    let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
+    let bound = cfg.load_factor * mean + cfg.load_slack_tokens;
+    for s in &mut scored {
+        s.overloaded |= s.queued > bound;
+        s.cost = cfg.load_weight * s.queued - cfg.prefix_weight * s.cached as f64;
+    }
+    let best = scored
+        .iter()
+        .filter(|s| !s.overloaded)
+        .map(|s| s.cost)
+        .fold(f64::INFINITY, f64::min);
+    let best = if best.is_finite() {
+        best
+    } else {
+        scored.iter().map(|s| s.cost).fold(f64::INFINITY, f64::min)
+    };
+    let tied = |s: &Scored| s.cost <= best + cfg.tie_tokens;
     scored.sort_unstable_by(|a, b| {
         a.overloaded
             .cmp(&b.overloaded)
-            .then(a.cost.total_cmp(&b.cost))
+            .then(tied(b).cmp(&tied(a)))
+            .then_with(|| {
+                if tied(a) && tied(b) {
+                    b.unit.total_cmp(&a.unit)
+                } else {
+                    a.cost.total_cmp(&b.cost)
+                }
+            })
             .then(b.unit.total_cmp(&a.unit))
     });
     ReplicaChoice {
         cached_tokens: scored.first().map_or(0, |s| s.cached),
+        queued_tokens: scored.first().map_or(0, |s| s.queued as u64),
         order: scored
             .iter()
             .take(1 + FALLBACKS)

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The demo: two fleets of simulated engines (base and burst, two replicas
+# each), fleetroute and a real Envoy, all on localhost. Prints where to send
+# requests; Ctrl-C stops everything. `scripts/demo.sh --check` sends one
+# request through the chain and exits (a smoke test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$HOME/.cargo/bin:$PATH"
+echo "==> building (release)"
+PROFILE=release scripts/build.sh
+
+run=.run/demo
+mkdir -p "$run"
+bin=target/release
+wasm=$PWD/target/wasm32-wasip1/release/fleetroute_filter.wasm
+pids=()
+stop() {
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap stop EXIT
+trap 'exit 130' INT TERM
+
+for port in 10000 9901 50051 9190 8101 8102 8201 8202 8300; do
+  if (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null; then
+    echo "port $port is already in use on 127.0.0.1: stop whatever holds it first" >&2
+    exit 1
+  fi
+done
+
+# Engines: 20k prompt tokens/s of prefill, 20 ms per generated token.
+"$bin/fleetroute-engine" \
+  --replica base-1=127.0.0.1:8101 --replica base-2=127.0.0.1:8102 \
+  --replica burst-1=127.0.0.1:8201 --replica burst-2=127.0.0.1:8202 \
+  --control 127.0.0.1:8300 --models demo-model \
+  --prefill-tokens-per-sec 20000 --decode-ms-per-token 20 > "$run/engine.log" 2>&1 &
+pids+=($!)
+"$bin/fleetroute" check-config envoy-config/router.yaml
+"$bin/fleetroute" bootstrap --config envoy-config/router.yaml --wasm "$wasm" > "$run/envoy.yaml"
+RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config envoy-config/router.yaml > "$run/fleetroute.log" 2>&1 &
+pids+=($!)
+envoy -c "$run/envoy.yaml" --log-level warn > "$run/envoy.log" 2>&1 &
+pids+=($!)
+
+wait_for() {
+  for _ in $(seq 1 100); do
+    if curl -fs -o /dev/null "$2"; then return 0; fi
+    sleep 0.2
+  done
+  echo "$1 did not come up; see $run/*.log" >&2
+  exit 1
+}
+wait_for "engines" http://127.0.0.1:8300/replicas
+wait_for "fleetroute" http://127.0.0.1:9190/ready
+wait_for "envoy" http://127.0.0.1:9901/ready
+
+sample='{"model":"demo-model","user":"alice","messages":[{"role":"user","content":"Say hello"}],"max_tokens":8}'
+cat <<INFO
+
+fleetroute demo is running (logs in $run/):
+  send requests to   http://127.0.0.1:10000/v1/chat/completions   (and /v1/completions)
+  fleetroute admin   http://127.0.0.1:9190   (/debug/snapshot, /debug/decisions)
+  envoy admin        http://127.0.0.1:9901
+  engine faults      http://127.0.0.1:8300/replicas  (POST /replicas/base-1/fault '{"status":503}')
+
+Try:
+  curl -s http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \\
+    -d '$sample' -D - 
+The x-served-by header names the replica that answered.
+INFO
+
+if [ "${1:-}" = "--check" ]; then
+  out=$(curl -fsS -D - http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' -d "$sample")
+  echo "$out" | grep -i '^x-served-by' || { echo "no x-served-by in: $out" >&2; exit 1; }
+  echo "demo check: ok"
+  exit 0
+fi
+echo "Ctrl-C to stop."
+wait

@@ -1,0 +1,83 @@
+//! Replays a request trace (Mooncake format) through every routing policy
+//! against simulated replicas and prints one table per cache size.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use fleetroute_tests::engine::latency::LatencyModel;
+use fleetroute_tests::replay::{all_policies, replay, sim::SimConfig, table, trace};
+
+#[derive(Parser)]
+#[command(about = "Trace replay: fleetroute against common routing policies")]
+struct Args {
+    /// A trace in the Mooncake format (JSON lines with timestamp,
+    /// input_length, output_length, hash_ids).
+    #[arg(default_value = "tests/traces/mooncake_synthetic.jsonl")]
+    trace: PathBuf,
+    #[arg(long, default_value_t = 8)]
+    replicas: usize,
+    /// KV-cache capacity per replica in tokens; repeat for several runs.
+    #[arg(long = "cache-tokens", default_values_t = [3_000_000u64, 1_000_000])]
+    cache_tokens: Vec<u64>,
+    /// Tokens per hash id in the trace.
+    #[arg(long, default_value_t = 512)]
+    block_tokens: u64,
+    #[arg(long, default_value_t = 10_000.0)]
+    prefill_tokens_per_sec: f64,
+    #[arg(long, default_value_t = 20.0)]
+    decode_ms_per_token: f64,
+    #[arg(long, default_value_t = 32)]
+    max_batch: usize,
+    #[arg(long, default_value_t = 256)]
+    max_queue: usize,
+    /// Arrival times are divided by this (2 = twice the request rate).
+    #[arg(long, default_value_t = 1.0)]
+    speedup: f64,
+}
+
+fn main() {
+    let a = Args::parse();
+    let text =
+        std::fs::read_to_string(&a.trace).unwrap_or_else(|e| panic!("{}: {e}", a.trace.display()));
+    let reqs =
+        trace::load(&text, a.block_tokens).unwrap_or_else(|e| panic!("{}: {e}", a.trace.display()));
+    let bound = trace::infinite_cache_hit_rate(&reqs, a.block_tokens);
+    println!(
+        "trace {}: {} requests; infinite-cache hit rate {:.3}\n\
+         model: {} replicas, prefill {} tokens/s (one lane), decode {} ms/token, max batch {}, queue {} , speedup {}\n",
+        a.trace.display(),
+        reqs.len(),
+        bound,
+        a.replicas,
+        a.prefill_tokens_per_sec,
+        a.decode_ms_per_token,
+        a.max_batch,
+        a.max_queue,
+        a.speedup
+    );
+    for &cache_tokens in &a.cache_tokens {
+        let cfg = SimConfig {
+            replicas: a.replicas,
+            cache_tokens,
+            block_tokens: a.block_tokens,
+            latency: LatencyModel {
+                prefill_tokens_per_sec: a.prefill_tokens_per_sec,
+                decode_ms_per_token: a.decode_ms_per_token,
+                max_batch: a.max_batch,
+            },
+            max_queue: a.max_queue,
+            speedup: a.speedup,
+        };
+        let rows: Vec<_> = all_policies(&cfg, reqs.len())
+            .iter_mut()
+            .map(|p| replay(&cfg, &reqs, p.as_mut()))
+            .collect();
+        println!("### {} tokens of KV cache per replica\n", cache_tokens);
+        println!("{}", table(&rows));
+        let f = rows.last().expect("fleetroute row");
+        println!(
+            "fleetroute hit rate / infinite-cache bound: {:.3}\n",
+            f.hit_rate / bound
+        );
+    }
+}

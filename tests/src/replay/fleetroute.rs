@@ -1,0 +1,197 @@
+//! fleetroute's own decision code in the simulation: the real `decide`, the
+//! real writer (prefix index, figures, outliers) and real load guards, driven
+//! by the simulated clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fleetroute::config::RouterConfig;
+use fleetroute::observe::Observation;
+use fleetroute::observe::usage::{PromptDetails, Usage};
+use fleetroute::route::decide;
+use fleetroute::route::key::RouteKey;
+use fleetroute::state::load::RequestGuard;
+use fleetroute::state::{Event, Routed, Shared, Writer};
+use fleetroute_filter::contract::KeySource;
+
+use super::sim::{SimRouter, View};
+use super::trace::TraceRequest;
+
+pub struct Fleetroute {
+    shared: Arc<Shared>,
+    writer: Writer,
+    start: Instant,
+    block_tokens: u32,
+    live: Vec<Option<Live>>,
+    rng: u64,
+    label: String,
+}
+
+struct Live {
+    replica: usize,
+    guard: RequestGuard,
+    routed_at: f64,
+    predicted: u64,
+    uncached: u64,
+    queued: u64,
+    input: u64,
+    output: u64,
+}
+
+/// The router config the replay uses: one fleet of `replicas`, the stage's
+/// replica-choice block given as YAML (empty for the defaults).
+pub fn config(
+    replicas: usize,
+    cache_tokens: u64,
+    max_batch: usize,
+    replica_choice: &str,
+) -> RouterConfig {
+    let eps: Vec<String> = (0..replicas)
+        .map(|r| format!("\"10.0.0.{}:8000\"", r + 1))
+        .collect();
+    let rc = if replica_choice.is_empty() {
+        String::new()
+    } else {
+        format!("    replica_choice: {replica_choice}\n")
+    };
+    let yaml = format!(
+        "fleets:\n  - name: pool\n    region: r\n    endpoints: [{}]\n    capacity: {{ max_inflight: {max_batch}, kv_cache_tokens: {cache_tokens} }}\n\
+         stages:\n  - name: trace\n    models: [trace]\n    fleets: [pool]\n{rc}",
+        eps.join(", ")
+    );
+    RouterConfig::parse(&yaml).unwrap_or_else(|e| panic!("replay config: {e}"))
+}
+
+impl Fleetroute {
+    pub fn new(cfg: &RouterConfig, requests: usize, block_tokens: u64, label: &str) -> Self {
+        let (shared, mut writer) = Writer::new(cfg);
+        let start = Instant::now();
+        let generation = shared.snapshot().topo.generation;
+        for replica in 0..cfg.fleets[0].endpoints.len() {
+            writer.apply(
+                Event::Health {
+                    generation,
+                    fleet: 0,
+                    replica,
+                    ok: true,
+                },
+                start,
+            );
+        }
+        writer.drain(start);
+        Fleetroute {
+            shared,
+            writer,
+            start,
+            block_tokens: block_tokens as u32,
+            live: (0..requests).map(|_| None).collect(),
+            rng: 0x853c_49e6_748f_ea9b,
+            label: label.to_string(),
+        }
+    }
+
+    fn at(&self, ms: f64) -> Instant {
+        self.start + Duration::from_secs_f64(ms.max(0.0) / 1000.0)
+    }
+}
+
+impl SimRouter for Fleetroute {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn route(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> usize {
+        self.rng = self
+            .rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let key = RouteKey {
+            model: Some("trace"),
+            // The content-derived key: the conversation's opening block.
+            key: req
+                .blocks
+                .first()
+                .copied()
+                .unwrap_or(id as u64 ^ 0x9e37_79b9),
+            key_source: Some(KeySource::Content),
+            blocks: req.blocks.clone(),
+            block_tokens: self.block_tokens,
+            prompt_tokens: req.input_tokens as u32,
+            ..Default::default()
+        };
+        let snap = self.shared.snapshot();
+        let d = decide(&snap, &key, self.rng).expect("a ready replica");
+        let replica = d.replicas[0];
+        let guard = snap.topo.fleets[d.fleet].replicas[replica]
+            .load
+            .start(d.uncached_tokens);
+        self.shared.emit(Event::Routed(Box::new(Routed {
+            generation: snap.topo.generation,
+            request_id: String::new(),
+            stage: d.stage,
+            fleet: d.fleet,
+            replica,
+            key_source: "content",
+            blocks: key.blocks,
+            block_tokens: self.block_tokens,
+            predicted_cached_tokens: d.cached_tokens,
+        })));
+        drop(snap);
+        self.live[id] = Some(Live {
+            replica,
+            guard,
+            routed_at: now,
+            predicted: d.cached_tokens,
+            uncached: d.uncached_tokens,
+            queued: d.queued_tokens,
+            input: req.input_tokens,
+            output: req.output_tokens,
+        });
+        let t = self.at(now);
+        self.writer.drain(t);
+        replica
+    }
+
+    fn first_token(&mut self, _: f64, id: usize) {
+        if let Some(l) = &self.live[id] {
+            l.guard.prefill_done();
+        }
+    }
+
+    fn finished(&mut self, now: f64, id: usize, cached: u64, ttft_ms: f64) {
+        let Some(l) = self.live[id].take() else {
+            return;
+        };
+        l.guard.release();
+        let served = !ttft_ms.is_nan();
+        let obs = Observation {
+            stage: "trace".into(),
+            fleet: "pool".into(),
+            replica: format!("10.0.0.{}:8000", l.replica + 1),
+            served_by: None,
+            status: Some(if served { 200 } else { 503 }),
+            time_to_first_byte: served.then(|| Duration::from_secs_f64(ttft_ms / 1000.0)),
+            total: Duration::from_secs_f64((now - l.routed_at).max(0.0) / 1000.0),
+            usage: served.then_some(Usage {
+                prompt_tokens: l.input,
+                completion_tokens: l.output,
+                prompt_tokens_details: Some(PromptDetails {
+                    cached_tokens: cached,
+                }),
+            }),
+            predicted_cached_tokens: l.predicted,
+            uncached_tokens: l.uncached,
+            queued_tokens: l.queued,
+            stream: true,
+            ended_early: false,
+        };
+        self.shared.emit(Event::Observed(Box::new(obs)));
+        let t = self.at(now);
+        self.writer.drain(t);
+    }
+
+    fn tick(&mut self, now: f64) {
+        let t = self.at(now);
+        self.writer.tick(t);
+    }
+}

@@ -1,0 +1,197 @@
+//! A discrete-event simulation of replicas running the simulated engine's
+//! model: a prefix cache of finite capacity, a batch of `max_batch` slots, one
+//! prefill lane (FIFO), then decode at a fixed rate per token.
+
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+use super::trace::TraceRequest;
+use crate::engine::cache::PrefixCache;
+use crate::engine::latency::LatencyModel;
+
+/// What a router sees of the replicas: requests it has in flight on each.
+pub struct View<'a> {
+    pub inflight: &'a [u32],
+    /// Exact engine caches (routers that receive KV events, like Dynamo's).
+    pub caches: &'a [PrefixCache],
+}
+
+/// A routing policy under test.
+pub trait SimRouter {
+    fn name(&self) -> String;
+    /// Picks a replica for request `id` arriving at `now_ms`.
+    fn route(&mut self, now_ms: f64, id: usize, req: &TraceRequest, view: &View<'_>) -> usize;
+    /// The first token of `id` came back.
+    fn first_token(&mut self, _now_ms: f64, _id: usize) {}
+    /// `id` finished; the engine reported `cached_tokens`.
+    fn finished(&mut self, _now_ms: f64, _id: usize, _cached_tokens: u64, _ttft_ms: f64) {}
+    /// Called every 250 ms of simulated time.
+    fn tick(&mut self, _now_ms: f64) {}
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct SimConfig {
+    pub replicas: usize,
+    pub cache_tokens: u64,
+    pub block_tokens: u64,
+    pub latency: LatencyModel,
+    /// Requests a replica queues before refusing more.
+    pub max_queue: usize,
+    /// Arrival times are divided by this.
+    pub speedup: f64,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    pub ttft_ms: Vec<f64>,
+    pub cached_tokens: u64,
+    pub prompt_tokens: u64,
+    pub rejected: u64,
+    /// Requests served per replica.
+    pub per_replica: Vec<u64>,
+    /// Prompt tokens prefilled (uncached) per replica.
+    pub prefill_per_replica: Vec<u64>,
+}
+
+#[derive(PartialEq)]
+struct Ev {
+    at: f64,
+    seq: u64,
+    kind: Kind,
+}
+
+#[derive(PartialEq)]
+enum Kind {
+    Arrive(usize),
+    PrefillDone(usize, usize),
+    Finish(usize, usize),
+    Tick,
+}
+
+impl Eq for Ev {}
+impl PartialOrd for Ev {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Ev {
+    // Earliest first (BinaryHeap is a max-heap).
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.at.total_cmp(&self.at).then(other.seq.cmp(&self.seq))
+    }
+}
+
+struct Replica {
+    queue: VecDeque<usize>,
+    lane_busy: bool,
+    running: usize,
+}
+
+pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -> Outcome {
+    let n = cfg.replicas;
+    let mut caches: Vec<PrefixCache> = (0..n)
+        .map(|_| PrefixCache::new(cfg.cache_tokens as usize, cfg.block_tokens as usize))
+        .collect();
+    let mut reps: Vec<Replica> = (0..n)
+        .map(|_| Replica {
+            queue: VecDeque::new(),
+            lane_busy: false,
+            running: 0,
+        })
+        .collect();
+    let mut inflight = vec![0u32; n];
+    let mut out = Outcome {
+        per_replica: vec![0; n],
+        prefill_per_replica: vec![0; n],
+        ..Default::default()
+    };
+    let mut cached_of = vec![0u64; reqs.len()];
+    let mut arrival = vec![0f64; reqs.len()];
+    let mut ttft_of = vec![0f64; reqs.len()];
+    let mut heap = BinaryHeap::new();
+    let mut seq = 0u64;
+    let mut push = |heap: &mut BinaryHeap<Ev>, at: f64, kind: Kind| {
+        seq += 1;
+        heap.push(Ev { at, seq, kind });
+    };
+    for (i, r) in reqs.iter().enumerate() {
+        arrival[i] = r.arrival_ms / cfg.speedup;
+        push(&mut heap, arrival[i], Kind::Arrive(i));
+    }
+    push(&mut heap, 0.0, Kind::Tick);
+    let mut remaining = reqs.len();
+
+    while let Some(ev) = heap.pop() {
+        let now = ev.at;
+        let mut start_on = None;
+        match ev.kind {
+            Kind::Tick => {
+                router.tick(now);
+                if remaining > 0 {
+                    push(&mut heap, now + 250.0, Kind::Tick);
+                }
+            }
+            Kind::Arrive(i) => {
+                let view = View {
+                    inflight: &inflight,
+                    caches: &caches,
+                };
+                let r = router.route(now, i, &reqs[i], &view).min(n - 1);
+                if reps[r].queue.len() >= cfg.max_queue {
+                    out.rejected += 1;
+                    remaining -= 1;
+                    router.finished(now, i, 0, f64::NAN);
+                    continue;
+                }
+                inflight[r] += 1;
+                reps[r].queue.push_back(i);
+                start_on = Some(r);
+            }
+            Kind::PrefillDone(r, i) => {
+                reps[r].lane_busy = false;
+                let first = now + cfg.latency.decode_ms(1);
+                ttft_of[i] = first - arrival[i];
+                out.ttft_ms.push(ttft_of[i]);
+                router.first_token(first, i);
+                push(
+                    &mut heap,
+                    now + cfg.latency.decode_ms(reqs[i].output_tokens),
+                    Kind::Finish(r, i),
+                );
+                start_on = Some(r);
+            }
+            Kind::Finish(r, i) => {
+                reps[r].running -= 1;
+                inflight[r] -= 1;
+                remaining -= 1;
+                router.finished(now, i, cached_of[i], ttft_of[i]);
+                start_on = Some(r);
+            }
+        }
+        // Start the next prefill when the lane and a batch slot are free.
+        if let Some(r) = start_on {
+            let rep = &mut reps[r];
+            if !rep.lane_busy
+                && rep.running < cfg.latency.max_batch
+                && let Some(i) = rep.queue.pop_front()
+            {
+                let req = &reqs[i];
+                let matched = caches[r].serve(&req.blocks);
+                let cached = caches[r].cached_tokens(matched, req.input_tokens);
+                cached_of[i] = cached;
+                out.cached_tokens += cached;
+                out.prompt_tokens += req.input_tokens;
+                out.per_replica[r] += 1;
+                out.prefill_per_replica[r] += req.input_tokens - cached;
+                rep.lane_busy = true;
+                rep.running += 1;
+                push(
+                    &mut heap,
+                    now + cfg.latency.prefill_ms(req.input_tokens - cached),
+                    Kind::PrefillDone(r, i),
+                );
+            }
+        }
+    }
+    out
+}
