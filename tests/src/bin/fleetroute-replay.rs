@@ -33,6 +33,12 @@ struct Args {
     /// Arrival times are divided by this (2 = twice the request rate).
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
+    /// fleetroute's `replica_choice` block as YAML, e.g. '{ prefix_weight: 2 }'.
+    #[arg(long, default_value = "")]
+    replica_choice: String,
+    /// fleetroute's `outlier` block as YAML, e.g. '{ enabled: false }'.
+    #[arg(long, default_value = "")]
+    outlier: String,
 }
 
 fn main() {
@@ -68,7 +74,7 @@ fn main() {
             max_queue: a.max_queue,
             speedup: a.speedup,
         };
-        let rows: Vec<_> = all_policies(&cfg, reqs.len())
+        let rows: Vec<_> = all_policies(&cfg, reqs.len(), &a.replica_choice, &a.outlier)
             .iter_mut()
             .map(|p| replay(&cfg, &reqs, p.as_mut()))
             .collect();

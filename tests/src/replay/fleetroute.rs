@@ -38,22 +38,25 @@ struct Live {
     output: u64,
 }
 
-/// The router config the replay uses: one fleet of `replicas`, the stage's
-/// replica-choice block given as YAML (empty for the defaults).
+/// The router config the replay uses: one fleet of `replicas`; the stage's
+/// `replica_choice` and `outlier` blocks given as YAML (empty for defaults).
 pub fn config(
     replicas: usize,
     cache_tokens: u64,
     max_batch: usize,
     replica_choice: &str,
+    outlier: &str,
 ) -> RouterConfig {
     let eps: Vec<String> = (0..replicas)
         .map(|r| format!("\"10.0.0.{}:8000\"", r + 1))
         .collect();
-    let rc = if replica_choice.is_empty() {
-        String::new()
-    } else {
-        format!("    replica_choice: {replica_choice}\n")
-    };
+    let mut rc = String::new();
+    if !replica_choice.is_empty() {
+        rc += &format!("    replica_choice: {replica_choice}\n");
+    }
+    if !outlier.is_empty() {
+        rc += &format!("    outlier: {outlier}\n");
+    }
     let yaml = format!(
         "fleets:\n  - name: pool\n    region: r\n    endpoints: [{}]\n    capacity: {{ max_inflight: {max_batch}, kv_cache_tokens: {cache_tokens} }}\n\
          stages:\n  - name: trace\n    models: [trace]\n    fleets: [pool]\n{rc}",

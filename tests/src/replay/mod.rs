@@ -55,8 +55,14 @@ pub fn replay(cfg: &SimConfig, reqs: &[trace::TraceRequest], router: &mut dyn Si
     row(router.name(), &o)
 }
 
-/// Every policy of the comparison, fleetroute last.
-pub fn all_policies(cfg: &SimConfig, requests: usize) -> Vec<Box<dyn SimRouter>> {
+/// Every policy of the comparison, fleetroute last, with its stage's
+/// `replica_choice` and `outlier` YAML blocks (empty for the defaults).
+pub fn all_policies(
+    cfg: &SimConfig,
+    requests: usize,
+    replica_choice: &str,
+    outlier: &str,
+) -> Vec<Box<dyn SimRouter>> {
     vec![
         Box::new(policies::Random(42)),
         Box::new(policies::RoundRobin(0)),
@@ -73,7 +79,13 @@ pub fn all_policies(cfg: &SimConfig, requests: usize) -> Vec<Box<dyn SimRouter>>
             cfg.block_tokens,
         )),
         Box::new(fleetroute::Fleetroute::new(
-            &fleetroute::config(cfg.replicas, cfg.cache_tokens, cfg.latency.max_batch, ""),
+            &fleetroute::config(
+                cfg.replicas,
+                cfg.cache_tokens,
+                cfg.latency.max_batch,
+                replica_choice,
+                outlier,
+            ),
             requests,
             cfg.block_tokens,
             "fleetroute",

@@ -1,0 +1,262 @@
+//! Decision time and placement quality, measured on the real decision path
+//! (`route::decide` over a snapshot published by the writer).
+//!
+//! `cargo bench -p fleetroute --bench decision` prints criterion's timings,
+//! then per-call percentiles, the prefix index's memory per block, and the
+//! rendezvous placement figures (balance over 1M keys, keys moved when a
+//! replica joins or a weight changes).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::Criterion;
+use fleetroute::config::RouterConfig;
+use fleetroute::route::decide;
+use fleetroute::route::key::RouteKey;
+use fleetroute::route::rendezvous::{score, unit};
+use fleetroute::state::{Event, Routed, Shared, Writer};
+use fleetroute_filter::contract::KeySource;
+use std::sync::Arc;
+
+fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> RouterConfig {
+    let mut y = String::from("fleets:\n");
+    for (f, (name, n)) in fleets.iter().enumerate() {
+        let eps: Vec<String> = (0..*n)
+            .map(|r| format!("\"10.{f}.{}.{}:8000\"", r / 250, r % 250 + 1))
+            .collect();
+        y += &format!(
+            "  - name: {name}\n    region: r\n    endpoints: [{}]\n    capacity: {{ kv_cache_tokens: {kv_tokens}, max_inflight: 1000 }}\n",
+            eps.join(", ")
+        );
+    }
+    let names: Vec<&str> = fleets.iter().map(|(n, _)| *n).collect();
+    y += &format!(
+        "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n",
+        names.join(", ")
+    );
+    RouterConfig::parse(&y).expect("bench config")
+}
+
+/// A writer with every replica healthy, its snapshot published.
+fn ready(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
+    let (shared, mut w) = Writer::new(cfg);
+    let now = Instant::now();
+    for (f, fleet) in cfg.fleets.iter().enumerate() {
+        for r in 0..fleet.endpoints.len() {
+            w.apply(
+                Event::Health {
+                    generation: 1,
+                    fleet: f,
+                    replica: r,
+                    ok: true,
+                },
+                now,
+            );
+        }
+    }
+    w.drain(now);
+    (shared, w)
+}
+
+fn splitmix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Prompts as block chains: `families` shared heads, each request extends one.
+fn prompts(n: usize, families: usize, blocks: usize, seed: u64) -> Vec<Vec<u64>> {
+    let mut s = seed;
+    (0..n)
+        .map(|_| {
+            let fam = (splitmix(&mut s) % families as u64) as usize;
+            let shared = blocks / 2;
+            (0..blocks)
+                .map(|i| {
+                    if i < shared {
+                        (fam * 100_000 + i) as u64
+                    } else {
+                        splitmix(&mut s)
+                    }
+                })
+                .map(|b| xxhash_rust::xxh3::xxh3_64(&b.to_le_bytes()))
+                .collect()
+        })
+        .collect()
+}
+
+fn key(blocks: &[u64], k: u64) -> RouteKey<'static> {
+    RouteKey {
+        model: Some("m"),
+        key: k,
+        key_source: Some(KeySource::Content),
+        blocks: blocks.to_vec(),
+        block_tokens: 16,
+        prompt_tokens: (blocks.len() * 16 + 7) as u32,
+        ..Default::default()
+    }
+}
+
+/// Routes `prompts` through decide + the writer, so the index holds them.
+fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
+    let now = Instant::now();
+    for (i, p) in prompts.iter().enumerate() {
+        let snap = shared.snapshot();
+        let d = decide(&snap, &key(p, i as u64), i as u64).expect("routable");
+        w.apply(
+            Event::Routed(Box::new(Routed {
+                generation: 1,
+                request_id: String::new(),
+                stage: d.stage,
+                fleet: d.fleet,
+                replica: d.replicas[0],
+                key_source: "content",
+                blocks: p.clone(),
+                block_tokens: 16,
+                predicted_cached_tokens: d.cached_tokens,
+            })),
+            now,
+        );
+        drop(snap);
+        w.drain(now);
+    }
+}
+
+fn percentiles(label: &str, shared: &Shared, keys: &[RouteKey<'static>]) {
+    let mut t = Vec::with_capacity(keys.len());
+    for (i, k) in keys.iter().enumerate() {
+        let start = Instant::now();
+        let snap = shared.snapshot();
+        black_box(decide(&snap, black_box(k), i as u64).ok());
+        t.push(start.elapsed());
+    }
+    t.sort();
+    let p = |q: f64| t[((t.len() as f64 * q) as usize).min(t.len() - 1)];
+    println!(
+        "{label}: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs over {} decisions",
+        p(0.5).as_secs_f64() * 1e6,
+        p(0.99).as_secs_f64() * 1e6,
+        p(0.999).as_secs_f64() * 1e6,
+        t.len()
+    );
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .measurement_time(Duration::from_secs(3));
+
+    // Issue-sized fleet: 2 fleets × 32 replicas, weighted, 64-block prompts.
+    let cfg = config(&[("a", 32), ("b", 32)], "weighted", 10_000_000);
+    let (shared, mut w) = ready(&cfg);
+    let warmup = prompts(20_000, 200, 64, 1);
+    warm(&shared, &mut w, &warmup);
+    let probe: Vec<RouteKey<'static>> = prompts(2_000, 200, 64, 2)
+        .iter()
+        .enumerate()
+        .map(|(i, p)| key(p, i as u64))
+        .collect();
+    c.bench_function("decide/2x32 replicas, 64 blocks", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % probe.len();
+            let snap = shared.snapshot();
+            black_box(decide(&snap, &probe[i], i as u64).ok())
+        })
+    });
+    let no_prefix = key(&[], 42);
+    c.bench_function("decide/2x32 replicas, no blocks", |b| {
+        b.iter(|| black_box(decide(&shared.snapshot(), black_box(&no_prefix), 7).ok()))
+    });
+    c.final_summary();
+    percentiles("decide, 2x32 replicas, 64-block prompts", &shared, &probe);
+    drop((shared, w));
+
+    // 1M blocks in one fleet's index, 64 replicas, 128-block prompts.
+    let cfg = config(&[("big", 64)], "latency", 16 * 20_000);
+    let before = rss_bytes();
+    let (shared, mut w) = ready(&cfg);
+    let fill = prompts(16_000, 2_000, 128, 3);
+    warm(&shared, &mut w, &fill);
+    let blocks = shared.snapshot().fleets[0].prefix.len();
+    let after = rss_bytes();
+    println!(
+        "prefix index: {blocks} blocks over 64 replicas; process memory grew {:.1} MiB = {:.0} bytes per block (shared map + per-replica LRUs)",
+        (after - before) as f64 / (1 << 20) as f64,
+        (after - before) as f64 / blocks.max(1) as f64
+    );
+    let probe: Vec<RouteKey<'static>> = prompts(20_000, 2_000, 128, 4)
+        .iter()
+        .enumerate()
+        .map(|(i, p)| key(p, i as u64))
+        .collect();
+    percentiles(
+        "decide, 64 replicas, ~1M-block index, 128-block prompts",
+        &shared,
+        &probe,
+    );
+    drop((shared, w));
+
+    placement();
+}
+
+/// Rendezvous placement: balance over 1M keys on 8 equal replicas, keys
+/// moved when a 9th joins, and keys moved when one fleet's weight changes.
+fn placement() {
+    let seeds: Vec<u64> = (0..9)
+        .map(|r| xxhash_rust::xxh3::xxh3_64(format!("f/10.0.0.{r}:8000").as_bytes()))
+        .collect();
+    let n = 1_000_000u64;
+    let best = |k: u64, m: usize, w: &dyn Fn(usize) -> f64| {
+        (0..m)
+            .max_by(|&a, &b| {
+                score(unit(k, seeds[a]), w(a)).total_cmp(&score(unit(k, seeds[b]), w(b)))
+            })
+            .unwrap()
+    };
+    let mut counts = [0u64; 8];
+    let mut moved = 0u64;
+    let mut s = 99u64;
+    for _ in 0..n {
+        let k = splitmix(&mut s);
+        let a = best(k, 8, &|_| 1.0);
+        counts[a] += 1;
+        if best(k, 9, &|_| 1.0) != a {
+            moved += 1;
+        }
+    }
+    let mean = n as f64 / 8.0;
+    let max = *counts.iter().max().unwrap() as f64;
+    println!(
+        "rendezvous, 8 equal replicas, 1M keys: max/mean load {:.4}; a 9th replica joining moves {:.2}% of keys (ideal 11.11%)",
+        max / mean,
+        moved as f64 / n as f64 * 100.0
+    );
+    // Two fleets of 4 (replicas 0-3 and 4-7), weights 1:1 → 1:2.
+    let w_before = |r: usize| 1.0 + 0.0 * r as f64;
+    let w_after = |r: usize| if r < 4 { 1.0 } else { 2.0 };
+    let mut moved = 0u64;
+    let mut s = 7u64;
+    for _ in 0..n {
+        let k = splitmix(&mut s);
+        if best(k, 8, &w_before) != best(k, 8, &w_after) {
+            moved += 1;
+        }
+    }
+    println!(
+        "rendezvous, weights 1:1 → 1:2 over two fleets of 4: {:.2}% of keys moved (minimum possible 16.67%)",
+        moved as f64 / n as f64 * 100.0
+    );
+}
