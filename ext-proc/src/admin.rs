@@ -62,6 +62,9 @@ struct ReplicaView {
     ejected: bool,
     inflight: u32,
     pending_prefill_tokens: u64,
+    engine_running: u32,
+    engine_waiting: u32,
+    engine_kv_usage: f64,
 }
 
 #[derive(Serialize)]
@@ -99,6 +102,9 @@ async fn snapshot(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
                     ejected: snap.replicas[f][r].ejected,
                     inflight: rep.load.inflight(),
                     pending_prefill_tokens: rep.load.pending_prefill(),
+                    engine_running: rep.load.engine_running(),
+                    engine_waiting: rep.load.engine_waiting(),
+                    engine_kv_usage: rep.load.kv_usage(),
                 })
                 .collect(),
         })

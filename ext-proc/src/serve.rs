@@ -27,6 +27,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow_like::Result<()> {
         shared.clone(),
         shared.events(),
     ));
+    tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
     tokio::spawn(reload_on_sighup(shared.clone(), opts.config.clone()));
 
     let grpc = TcpListener::bind(opts.grpc)

@@ -1,0 +1,501 @@
+//! Through real Envoy: priority spill and return, failover of a dead fleet,
+//! residency under total failure, outlier ejection and re-admission, warmup
+//! before rejoining, and prefix locality until the holder is overloaded.
+
+use std::collections::{HashMap, HashSet};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
+use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
+
+const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
+
+fn lab(router: &str, engine_args: &'static [&'static str]) -> Lab {
+    Lab::start(
+        ENGINE,
+        LabSpec {
+            router,
+            engine_args,
+            ..Default::default()
+        },
+    )
+}
+
+fn url(lab: &Lab) -> String {
+    format!("{}/v1/chat/completions", lab.envoy)
+}
+
+fn snapshot(lab: &Lab) -> serde_json::Value {
+    let (_, body) = blocking_get(&format!("{}/debug/snapshot", lab.admin)).expect("snapshot");
+    serde_json::from_str(&body).expect("snapshot JSON")
+}
+
+/// Replica names (engine-side) of a fleet, by the lab's placeholder prefix.
+fn in_fleet(name: &str, prefix: &str) -> bool {
+    name.starts_with(prefix)
+}
+
+const PRIORITY: &str = r#"
+health_check: { interval_ms: 200, timeout_ms: 150 }
+fleets:
+  - name: base
+    region: us
+    endpoints: ["{b1}", "{b2}"]
+    capacity: { max_inflight: 2 }
+  - name: burst
+    region: us
+    endpoints: ["{u1}", "{u2}"]
+    capacity: { max_inflight: 8 }
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [base, burst]
+    routing: { policy: priority, order: [base, burst], resume_below: 0.5 }
+"#;
+
+#[test]
+fn priority_spills_when_the_base_saturates_and_returns() {
+    // 40 tokens at 25 ms: each request holds its slot for about a second.
+    let lab = lab(
+        PRIORITY,
+        &["--decode-ms-per-token", "25", "--max-batch", "16"],
+    );
+    let quiet = post(&url(&lab), chat_body("m1", Some("q"), "hi", false), &[]);
+    assert!(
+        quiet.served_by().starts_with('b'),
+        "an idle base takes the request"
+    );
+
+    let burst: Vec<_> = (0..10)
+        .map(|i| {
+            let u = url(&lab);
+            thread::spawn(move || {
+                let mut body: serde_json::Value = serde_json::from_str(&chat_body(
+                    "m1",
+                    Some(&format!("load-{i}")),
+                    "work",
+                    false,
+                ))
+                .unwrap();
+                body["max_tokens"] = 40.into();
+                post(&u, body.to_string(), &[])
+            })
+        })
+        .collect();
+    let served: Vec<String> = burst
+        .into_iter()
+        .map(|h| h.join().unwrap().served_by().to_string())
+        .collect();
+    let on_base = served.iter().filter(|s| in_fleet(s, "b")).count();
+    assert_eq!(
+        on_base, 4,
+        "base (2 replicas × 2) fills first, the rest spills: {served:?}"
+    );
+    assert_eq!(served.len() - on_base, 6);
+
+    // Freed: the base takes traffic again (after the writer's saturation tick).
+    let back = wait_for_value(Duration::from_secs(3), || {
+        let r = post(&url(&lab), chat_body("m1", Some("after"), "hi", false), &[]);
+        r.served_by().starts_with('b').then_some(())
+    });
+    assert!(back.is_some(), "base never took traffic back");
+}
+
+const TWO_FLEETS: &str = r#"
+health_check: { interval_ms: 200, timeout_ms: 150, healthy_threshold: 2, unhealthy_threshold: 2 }
+fleets:
+  - name: base
+    region: us
+    endpoints: ["{b1}", "{b2}"]
+  - name: burst
+    region: us
+    endpoints: ["{u1}", "{u2}"]
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [base, burst]
+    routing: { policy: weighted }
+"#;
+
+#[test]
+fn a_dead_fleets_traffic_moves_to_the_others() {
+    let lab = lab(
+        TWO_FLEETS,
+        &[
+            "--prefill-tokens-per-sec",
+            "10000000",
+            "--decode-ms-per-token",
+            "1",
+        ],
+    );
+    let before: HashSet<String> = (0..30)
+        .map(|i| {
+            post(
+                &url(&lab),
+                chat_body("m1", Some(&format!("k{i}")), "hi", false),
+                &[],
+            )
+            .served_by()
+            .to_string()
+        })
+        .collect();
+    assert!(before.iter().any(|s| s.starts_with('b')) && before.iter().any(|s| s.starts_with('u')));
+    let killed = Instant::now();
+    lab.fault("b1", r#"{"refuse": true}"#);
+    lab.fault("b2", r#"{"refuse": true}"#);
+    // Detection: two failed probes 200 ms apart, plus an interval of slack.
+    thread::sleep(Duration::from_millis(900));
+    for i in 0..60 {
+        let r = post(
+            &url(&lab),
+            chat_body("m1", Some(&format!("k{i}")), "hi", false),
+            &[],
+        );
+        assert_eq!(
+            r.status,
+            200,
+            "request {i} {:?} after the fleet died: {}",
+            killed.elapsed(),
+            r.body
+        );
+        assert!(r.served_by().starts_with('u'), "served by dead fleet?");
+    }
+    let snap = snapshot(&lab);
+    let base = &snap["fleets"][0]["replicas"];
+    assert!(
+        base.as_array().unwrap().iter().all(|r| r["ready"] == false),
+        "{base}"
+    );
+}
+
+const RESIDENCY: &str = r#"
+health_check: { interval_ms: 200, timeout_ms: 150, healthy_threshold: 2, unhealthy_threshold: 2 }
+fleets:
+  - name: us-pool
+    region: us
+    endpoints: ["{us1}", "{us2}"]
+  - name: eu-pool
+    region: eu
+    endpoints: ["{eu1}", "{eu2}"]
+stages:
+  - name: eu-chat
+    models: [eu-model]
+    fleets: [eu-pool]
+    residency: eu
+  - name: global-chat
+    models: [global-model]
+    fleets: [us-pool, eu-pool]
+    residency: [us, eu]
+"#;
+
+#[test]
+fn residency_is_never_left_even_with_every_fleet_inside_it_down() {
+    let lab = lab(
+        RESIDENCY,
+        &[
+            "--prefill-tokens-per-sec",
+            "10000000",
+            "--decode-ms-per-token",
+            "1",
+        ],
+    );
+    let mut seen = HashMap::<String, u32>::new();
+    for i in 0..40 {
+        let r = post(
+            &url(&lab),
+            chat_body("eu-model", Some(&format!("k{i}")), "hi", false),
+            &[],
+        );
+        assert_eq!(r.status, 200);
+        *seen.entry(r.served_by().to_string()).or_default() += 1;
+        let r = post(
+            &url(&lab),
+            chat_body("global-model", Some(&format!("k{i}")), "hi", false),
+            &[("x-residency", "eu")],
+        );
+        assert!(
+            r.served_by().starts_with("eu"),
+            "residency header eu served by {}",
+            r.served_by()
+        );
+        *seen.entry(r.served_by().to_string()).or_default() += 1;
+    }
+    assert!(seen.keys().all(|k| k.starts_with("eu")), "{seen:?}");
+
+    lab.fault("eu1", r#"{"refuse": true}"#);
+    lab.fault("eu2", r#"{"refuse": true}"#);
+    thread::sleep(Duration::from_millis(900));
+    for i in 0..20 {
+        for (model, hdr) in [("eu-model", None), ("global-model", Some("eu"))] {
+            let headers: Vec<(&str, &str)> =
+                hdr.map(|h| vec![("x-residency", h)]).unwrap_or_default();
+            let r = post(
+                &url(&lab),
+                chat_body(model, Some(&format!("k{i}")), "hi", false),
+                &headers,
+            );
+            assert_eq!(
+                r.status, 503,
+                "{model} with eu down: {} {}",
+                r.status, r.body
+            );
+            assert!(
+                r.header("x-served-by").is_none(),
+                "served outside the residency by {:?}",
+                r.header("x-served-by")
+            );
+            let err = r.json();
+            assert_eq!(err["error"]["code"], "no_ready_replica");
+            assert!(
+                err["error"]["message"].as_str().unwrap().contains("[eu]"),
+                "{err}"
+            );
+        }
+    }
+    // The unrestricted stage still uses us.
+    let r = post(
+        &url(&lab),
+        chat_body("global-model", Some("free"), "hi", false),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    assert!(r.served_by().starts_with("us"));
+}
+
+const FOUR: &str = r#"
+health_check: { interval_ms: 200, timeout_ms: 150 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["{r1}", "{r2}", "{r3}", "{r4}"]
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [pool]
+    outlier: { factor: 3.0, window_s: 10, min_samples: 4, base_ejection_s: 2, max_ejection_s: 8, max_ejected_share: 0.25 }
+"#;
+
+fn stream_many(lab: &Lab, n: usize, tag: &str) -> Vec<String> {
+    let handles: Vec<_> = (0..n)
+        .map(|i| {
+            let u = url(lab);
+            let body = chat_body(
+                "m1",
+                Some(&format!("{tag}-{i}")),
+                &format!("question {i} {}", "word ".repeat(300)),
+                true,
+            );
+            thread::spawn(move || post(&u, body, &[]))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| {
+            let r = h.join().unwrap();
+            assert_eq!(r.status, 200);
+            r.served_by().to_string()
+        })
+        .collect()
+}
+
+#[test]
+fn a_slow_replica_is_ejected_and_readmitted() {
+    let lab = lab(
+        FOUR,
+        &[
+            "--prefill-tokens-per-sec",
+            "200000",
+            "--decode-ms-per-token",
+            "5",
+            "--max-batch",
+            "32",
+        ],
+    );
+    lab.fault("r1", r#"{"slow_factor": 8.0}"#);
+    let r1 = lab.replicas["r1"].clone();
+    let ejected = wait_for_value(Duration::from_secs(20), || {
+        stream_many(&lab, 8, "warm");
+        let snap = snapshot(&lab);
+        let reps = snap["fleets"][0]["replicas"].as_array().unwrap().clone();
+        reps.iter()
+            .find(|r| r["addr"] == r1.as_str() && r["ejected"] == true)
+            .map(|_| ())
+    });
+    assert!(
+        ejected.is_some(),
+        "r1 was never ejected: {}",
+        snapshot(&lab)
+    );
+    let others = snapshot(&lab)["fleets"][0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["ejected"] == true)
+        .count();
+    assert_eq!(others, 1, "only the slow replica is ejected");
+    let during = stream_many(&lab, 12, "during");
+    assert!(
+        !during.contains(&"r1".to_string()),
+        "an ejected replica got traffic: {during:?}"
+    );
+
+    lab.clear_fault("r1");
+    let back = wait_for_value(Duration::from_secs(10), || {
+        stream_many(&lab, 12, "after")
+            .contains(&"r1".to_string())
+            .then_some(())
+    });
+    assert!(back.is_some(), "r1 never re-admitted: {}", snapshot(&lab));
+}
+
+const WARMUP: &str = r#"
+health_check: { interval_ms: 200, timeout_ms: 150, healthy_threshold: 2, unhealthy_threshold: 2 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["{r1}", "{r2}"]
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [pool]
+    warmup:
+      timeout_ms: 300
+      prompts:
+        - body: { model: m1, messages: [{ role: user, content: "golden" }], max_tokens: 2 }
+"#;
+
+#[test]
+fn a_rejoining_replica_must_pass_warmup_first() {
+    let lab = lab(
+        WARMUP,
+        &[
+            "--prefill-tokens-per-sec",
+            "10000000",
+            "--decode-ms-per-token",
+            "1",
+        ],
+    );
+    let served = |n: usize, tag: &str| -> HashSet<String> {
+        (0..n)
+            .map(|i| {
+                post(
+                    &url(&lab),
+                    chat_body("m1", Some(&format!("{tag}{i}")), "hi", false),
+                    &[],
+                )
+                .served_by()
+                .to_string()
+            })
+            .collect()
+    };
+    assert!(served(30, "a").contains("r1"));
+    // r1 fails its health checks, then comes back healthy but unable to answer.
+    lab.fault("r1", r#"{"health_status": 503}"#);
+    thread::sleep(Duration::from_millis(800));
+    lab.fault("r1", r#"{"hang": true}"#);
+    thread::sleep(Duration::from_millis(1200));
+    let snap = snapshot(&lab);
+    let r1 = &snap["fleets"][0]["replicas"][0];
+    assert_eq!(
+        (r1["health"].as_str(), r1["warm"].as_bool()),
+        (Some("healthy"), Some(false)),
+        "{r1}"
+    );
+    assert!(
+        !served(30, "b").contains("r1"),
+        "a replica that fails warmup got traffic"
+    );
+    lab.clear_fault("r1");
+    let back = wait_for_value(Duration::from_secs(5), || {
+        served(30, "c").contains("r1").then_some(())
+    });
+    assert!(back.is_some(), "r1 never rejoined after passing warmup");
+}
+
+const PREFIX: &str = r#"
+health_check: { interval_ms: 200, timeout_ms: 150 }
+engine_metrics: { interval_ms: 100, timeout_ms: 90 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["{r1}", "{r2}", "{r3}", "{r4}"]
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [pool]
+"#;
+
+#[test]
+fn a_conversation_follows_its_prefix_until_the_holder_is_overloaded() {
+    let lab = lab(
+        PREFIX,
+        &[
+            "--prefill-tokens-per-sec",
+            "1000000",
+            "--decode-ms-per-token",
+            "1",
+            "--max-batch",
+            "2",
+        ],
+    );
+    let system = format!(
+        "You are the assistant of a long shared context. {}",
+        "Context line. ".repeat(700)
+    );
+    let mut messages = vec![
+        serde_json::json!({ "role": "system", "content": system }),
+        serde_json::json!({ "role": "user", "content": "first question" }),
+    ];
+    let ask = |messages: &[serde_json::Value], user: &str| {
+        let body = serde_json::json!({ "model": "m1", "messages": messages, "max_tokens": 2, "user": user });
+        post(&url(&lab), body.to_string(), &[])
+    };
+    let first = ask(&messages, "turn-0");
+    let home = first.served_by().to_string();
+    // Later turns carry other sampling keys: only the cached prefix keeps them home.
+    for turn in 1..6 {
+        messages
+            .push(serde_json::json!({ "role": "assistant", "content": format!("answer {turn}") }));
+        messages.push(serde_json::json!({ "role": "user", "content": format!("question {turn}") }));
+        let r = ask(&messages, &format!("turn-{turn}"));
+        assert_eq!(
+            r.served_by(),
+            home,
+            "turn {turn} left the replica holding its prefix"
+        );
+        let cached = r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        assert!(cached > 2000, "turn {turn} reused only {cached} tokens");
+    }
+
+    // Overload the holder from outside the router: long requests sent to it
+    // directly fill its batch of 2 and queue; the engine reports the queue.
+    let addr = lab.replicas[&home].clone();
+    let flood: Vec<_> = (0..12)
+        .map(|i| {
+            let u = format!("http://{addr}/v1/chat/completions");
+            thread::spawn(move || {
+                let body = serde_json::json!({ "model": "m1", "messages": [{ "role": "user", "content": format!("busy {i}") }], "max_tokens": 3000 });
+                post(&u, body.to_string(), &[])
+            })
+        })
+        .collect();
+    // Let the engine's queue show in a scrape (every 100 ms here).
+    thread::sleep(Duration::from_millis(500));
+    let moved = wait_for_value(Duration::from_secs(3), || {
+        messages.push(serde_json::json!({ "role": "user", "content": "and now?" }));
+        let r = ask(&messages, "turn-busy");
+        (r.served_by() != home).then(|| r.served_by().to_string())
+    });
+    assert!(
+        moved.is_some(),
+        "the conversation stayed on an overloaded holder: {}",
+        snapshot(&lab)
+    );
+    lab.fault(&home, r#"{"refuse": true}"#); // ends the flood quickly
+    for h in flood {
+        let _ = h.join();
+    }
+}
