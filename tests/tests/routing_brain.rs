@@ -499,3 +499,81 @@ fn a_conversation_follows_its_prefix_until_the_holder_is_overloaded() {
         let _ = h.join();
     }
 }
+
+#[test]
+fn a_stream_from_a_dying_replica_ends_in_error_and_the_conversation_moves() {
+    let lab = lab(
+        PREFIX,
+        &[
+            "--prefill-tokens-per-sec",
+            "1000000",
+            "--decode-ms-per-token",
+            "5",
+        ],
+    );
+    let system = format!("Shared context. {}", "Background fact. ".repeat(400));
+    let body = |turn: usize, stream: bool| {
+        let mut v = serde_json::json!({
+            "model": "m1",
+            "messages": [
+                { "role": "system", "content": system },
+                { "role": "user", "content": format!("question {turn}") }
+            ],
+            "max_tokens": 20,
+            "stream": stream,
+            "stream_options": { "include_usage": true },
+            "user": "conv-1"
+        });
+        if !stream {
+            v.as_object_mut().unwrap().remove("stream_options");
+        }
+        v.to_string()
+    };
+    let first = post(&url(&lab), body(0, false), &[]);
+    let home = first.served_by().to_string();
+    let again = post(&url(&lab), body(1, false), &[]);
+    assert_eq!(again.served_by(), home);
+
+    // The replica dies mid-stream and stops answering health checks.
+    lab.fault(&home, r#"{"die_after_tokens": 3, "health_status": 503}"#);
+    let r = post(&url(&lab), body(2, true), &[]);
+    assert_eq!(r.status, 200, "headers were already sent");
+    assert!(
+        !r.body.contains("[DONE]"),
+        "a dying stream must not look complete: {}",
+        r.body
+    );
+    assert!(r.body.matches("data: ").count() <= 4, "{}", r.body);
+
+    thread::sleep(Duration::from_millis(800));
+    let next = post(&url(&lab), body(3, false), &[]);
+    assert_eq!(next.status, 200);
+    assert_ne!(
+        next.served_by(),
+        home,
+        "the next turn went back to the dead replica"
+    );
+    let cached = next.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(cached, 0, "the new replica had to recompute the prefix");
+    let counted = wait_for_value(Duration::from_secs(3), || {
+        let snap = snapshot(&lab);
+        (snap["fleets"][0]["figures"]["error_rate"].as_f64().unwrap() > 0.0).then_some(())
+    });
+    assert!(
+        counted.is_some(),
+        "the broken stream never counted as an error: {}",
+        snapshot(&lab)
+    );
+    let released = wait_for_value(Duration::from_secs(3), || {
+        let snap = snapshot(&lab);
+        let all = snap["fleets"][0]["replicas"].as_array().unwrap().clone();
+        all.iter().all(|r| r["inflight"] == 0).then_some(())
+    });
+    assert!(
+        released.is_some(),
+        "the broken stream's load leaked: {}",
+        snapshot(&lab)
+    );
+}
