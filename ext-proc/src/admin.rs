@@ -1,29 +1,82 @@
-//! The admin HTTP API: readiness, a debug view of recent decisions and of the
-//! current state.
+//! The admin HTTP API (loopback by default): readiness, Prometheus metrics,
+//! a view of each stage, and changes (split, host bounds, drain, experiments,
+//! reload). Reads are open; every change needs the bearer token fleetroute
+//! was started with, and is logged with what changed.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::extract::{Query, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Json};
-use axum::routing::get;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 
-use crate::state::Shared;
+use crate::config::{Bounds, ExperimentConfig, RoutingConfig};
 use crate::state::health::Health;
+use crate::state::{Change, Shared, Snapshot};
+use crate::topology::Policy;
 
-pub fn router(shared: Arc<Shared>) -> Router {
+#[derive(Clone)]
+pub struct AdminState {
+    pub shared: Arc<Shared>,
+    pub config_path: PathBuf,
+    pub token: Option<String>,
+}
+
+pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
         .route("/debug/decisions", get(decisions))
         .route("/debug/snapshot", get(snapshot))
-        .with_state(shared)
+        .route("/v1/stages", get(stages))
+        .route("/v1/stage", get(stage))
+        .route("/v1/split", post(split))
+        .route("/v1/scale", post(scale))
+        .route("/v1/drain", post(drain))
+        .route("/v1/experiment", post(experiment))
+        .route("/v1/reload", post(reload))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
+}
+
+/// Changes need `Authorization: Bearer <token>`; without a configured token
+/// the API is read-only.
+fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let Some(token) = &state.token else {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            "changes are disabled: start fleetroute with --admin-token (or FLEETROUTE_ADMIN_TOKEN)",
+        )));
+    };
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given != Some(token.as_str()) {
+        return Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "a valid admin token is required for changes",
+        )));
+    }
+    Ok(())
+}
+
+async fn apply(state: &AdminState, change: Change) -> Response {
+    match state.shared.change(change).await {
+        Ok(what) => Json(serde_json::json!({ "applied": what })).into_response(),
+        Err(why) => error(StatusCode::BAD_REQUEST, why),
+    }
 }
 
 /// Ready once every replica has been probed at least once.
-async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    let snap = shared.snapshot();
+async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
+    let snap = s.shared.snapshot();
     let unknown = snap
         .replicas
         .iter()
@@ -40,6 +93,16 @@ async fn ready(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
     }
 }
 
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.shared.metrics.render(),
+    )
+}
+
 #[derive(Deserialize)]
 struct DecisionQuery {
     id: Option<String>,
@@ -47,67 +110,310 @@ struct DecisionQuery {
 }
 
 async fn decisions(
-    State(shared): State<Arc<Shared>>,
+    State(s): State<AdminState>,
     Query(q): Query<DecisionQuery>,
 ) -> impl IntoResponse {
-    Json(shared.recent_decisions(q.id.as_deref(), q.limit.unwrap_or(100).min(4096)))
+    Json(
+        s.shared
+            .recent_decisions(q.id.as_deref(), q.limit.unwrap_or(100).min(4096)),
+    )
 }
 
 #[derive(Serialize)]
-struct ReplicaView {
-    addr: String,
-    health: Health,
-    ready: bool,
-    warm: bool,
-    ejected: bool,
-    inflight: u32,
-    pending_prefill_tokens: u64,
-    engine_running: u32,
-    engine_waiting: u32,
-    engine_kv_usage: f64,
+pub struct ReplicaView {
+    pub addr: String,
+    pub state: &'static str,
+    pub health: Health,
+    pub ready: bool,
+    pub warm: bool,
+    pub ejected: bool,
+    pub draining: bool,
+    pub inflight: u32,
+    pub queued_tokens: u64,
+    pub engine_running: u32,
+    pub engine_waiting: u32,
+    pub engine_kv_usage: f64,
 }
 
 #[derive(Serialize)]
-struct FleetView {
-    name: String,
-    region: String,
-    figures: crate::state::figures::FleetFigures,
-    spilling: bool,
-    prefix_blocks: usize,
-    replicas: Vec<ReplicaView>,
+pub struct FleetView {
+    pub name: String,
+    pub region: String,
+    /// Weight in a weighted stage.
+    pub weight: Option<f64>,
+    pub traffic_share: Option<f64>,
+    pub hit_rate_predicted: Option<f64>,
+    pub hit_rate_engine: Option<f64>,
+    pub ttft_p95_ms: Option<f64>,
+    pub latency_ms_per_1k_tokens: Option<f64>,
+    pub error_rate: f64,
+    pub tokens_per_sec: f64,
+    pub cost_usd_per_gpu_hour: Option<f64>,
+    pub cost_usd_per_million_tokens: Option<f64>,
+    pub utilisation: Option<f64>,
+    pub saturated: bool,
+    pub desired_replicas: u32,
+    pub hosts: Option<Bounds>,
+    pub prefix_blocks: usize,
+    pub replicas: Vec<ReplicaView>,
 }
 
-async fn snapshot(State(shared): State<Arc<Shared>>) -> impl IntoResponse {
-    let snap = shared.snapshot();
-    let fleets: Vec<FleetView> = snap
-        .topo
-        .fleets
-        .iter()
-        .enumerate()
-        .map(|(f, fleet)| FleetView {
-            name: fleet.name.clone(),
-            region: fleet.region.clone(),
-            figures: snap.fleets[f].figures,
-            spilling: snap.fleets[f].spilling,
-            prefix_blocks: snap.fleets[f].prefix.len(),
-            replicas: fleet
-                .replicas
-                .iter()
-                .enumerate()
-                .map(|(r, rep)| ReplicaView {
+#[derive(Serialize)]
+pub struct StageView {
+    pub name: String,
+    pub models: Vec<String>,
+    pub residency: Vec<String>,
+    pub replicas: Option<Bounds>,
+    pub routing: RoutingConfig,
+    pub experiment: ExperimentConfig,
+    pub fleets: Vec<FleetView>,
+}
+
+fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> FleetView {
+    let fleet = &snap.topo.fleets[f];
+    let fs = &snap.fleets[f];
+    let sf = stage.map(|(s, i)| snap.stages[s][i]);
+    let weight = stage.and_then(|(s, _)| match &snap.topo.stages[s].policy {
+        Policy::Weighted { weights } => weights.get(f).copied(),
+        _ => None,
+    });
+    FleetView {
+        name: fleet.name.clone(),
+        region: fleet.region.clone(),
+        weight,
+        traffic_share: sf.map(|x| x.traffic_share),
+        hit_rate_predicted: sf.and_then(|x| x.hit_rate_predicted),
+        hit_rate_engine: sf.and_then(|x| x.hit_rate_engine),
+        ttft_p95_ms: fs.figures.ttft_p95_ms,
+        latency_ms_per_1k_tokens: fs.figures.latency,
+        error_rate: fs.figures.error_rate,
+        tokens_per_sec: fs.figures.tokens_per_sec,
+        cost_usd_per_gpu_hour: fleet.cost.as_ref().and_then(|c| c.gpu_hour_usd),
+        cost_usd_per_million_tokens: fs.figures.usd_per_mtok,
+        utilisation: fs.utilisation.is_finite().then_some(fs.utilisation),
+        saturated: fs.spilling,
+        desired_replicas: fs.desired_replicas,
+        hosts: fleet.hosts,
+        prefix_blocks: fs.prefix.len(),
+        replicas: fleet
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(r, rep)| {
+                let st = snap.replicas[f][r];
+                ReplicaView {
                     addr: rep.addr.clone(),
-                    health: snap.replicas[f][r].health,
-                    ready: snap.replicas[f][r].ready(),
-                    warm: snap.replicas[f][r].warm,
-                    ejected: snap.replicas[f][r].ejected,
+                    state: st.label(),
+                    health: st.health,
+                    ready: st.ready(),
+                    warm: st.warm,
+                    ejected: st.ejected,
+                    draining: st.draining,
                     inflight: rep.load.inflight(),
-                    pending_prefill_tokens: rep.load.pending_prefill(),
+                    queued_tokens: rep.load.pending_prefill(),
                     engine_running: rep.load.engine_running(),
                     engine_waiting: rep.load.engine_waiting(),
                     engine_kv_usage: rep.load.kv_usage(),
-                })
-                .collect(),
-        })
+                }
+            })
+            .collect(),
+    }
+}
+
+pub fn stage_view(snap: &Snapshot, s: usize) -> StageView {
+    let st = &snap.topo.stages[s];
+    let cfg = snap.config.stages.iter().find(|c| c.name == st.name);
+    StageView {
+        name: st.name.clone(),
+        models: cfg.map(|c| c.models.clone()).unwrap_or_default(),
+        residency: st.residency.clone(),
+        replicas: st.replicas,
+        routing: st.routing.clone(),
+        experiment: cfg.map(|c| c.experiment.clone()).unwrap_or_default(),
+        fleets: st
+            .fleets
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| fleet_view(snap, f, Some((s, i))))
+            .collect(),
+    }
+}
+
+async fn snapshot(State(s): State<AdminState>) -> impl IntoResponse {
+    let snap = s.shared.snapshot();
+    let fleets: Vec<FleetView> = (0..snap.topo.fleets.len())
+        .map(|f| fleet_view(&snap, f, None))
         .collect();
     Json(serde_json::json!({ "generation": snap.topo.generation, "fleets": fleets }))
+}
+
+async fn stages(State(s): State<AdminState>) -> impl IntoResponse {
+    let snap = s.shared.snapshot();
+    let all: Vec<StageView> = (0..snap.topo.stages.len())
+        .map(|i| stage_view(&snap, i))
+        .collect();
+    Json(all)
+}
+
+#[derive(Deserialize)]
+struct StageQuery {
+    name: String,
+}
+
+async fn stage(State(s): State<AdminState>, Query(q): Query<StageQuery>) -> Response {
+    let snap = s.shared.snapshot();
+    match snap.topo.by_stage_name.get(&q.name) {
+        Some(&i) => Json(stage_view(&snap, i)).into_response(),
+        None => error(StatusCode::NOT_FOUND, format!("no stage '{}'", q.name)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SplitBody {
+    stage: String,
+    fleet: String,
+    weight: f64,
+}
+
+async fn split(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = authorize(&s, &headers) {
+        return *r;
+    }
+    // serde_json refuses NaN and infinities in JSON; say so in words.
+    let b: SplitBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                format!("body: {e} (weight must be a finite number >= 0)"),
+            );
+        }
+    };
+    if !(b.weight.is_finite() && b.weight >= 0.0) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("weight {} must be finite and >= 0", b.weight),
+        );
+    }
+    apply(
+        &s,
+        Change::SetWeight {
+            stage: b.stage,
+            fleet: b.fleet,
+            weight: b.weight,
+        },
+    )
+    .await
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScaleBody {
+    fleet: String,
+    min: u32,
+    max: u32,
+}
+
+async fn scale(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = authorize(&s, &headers) {
+        return *r;
+    }
+    match serde_json::from_slice::<ScaleBody>(&body) {
+        Ok(b) => {
+            apply(
+                &s,
+                Change::Scale {
+                    fleet: b.fleet,
+                    min: b.min,
+                    max: b.max,
+                },
+            )
+            .await
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainBody {
+    replica: String,
+    #[serde(default = "yes")]
+    drain: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+async fn drain(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = authorize(&s, &headers) {
+        return *r;
+    }
+    match serde_json::from_slice::<DrainBody>(&body) {
+        Ok(b) => {
+            apply(
+                &s,
+                Change::Drain {
+                    replica: b.replica,
+                    drain: b.drain,
+                },
+            )
+            .await
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExperimentBody {
+    stage: String,
+    experiment: ExperimentConfig,
+}
+
+async fn experiment(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if let Err(r) = authorize(&s, &headers) {
+        return *r;
+    }
+    match serde_json::from_slice::<ExperimentBody>(&body) {
+        Ok(b) => {
+            apply(
+                &s,
+                Change::Experiment {
+                    stage: b.stage,
+                    experiment: b.experiment,
+                },
+            )
+            .await
+        }
+        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
+    }
+}
+
+async fn reload(State(s): State<AdminState>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorize(&s, &headers) {
+        return *r;
+    }
+    match crate::serve::reload(&s.shared, &s.config_path, "admin API").await {
+        Ok(what) => Json(serde_json::json!({ "applied": what })).into_response(),
+        Err(why) => error(StatusCode::BAD_REQUEST, why),
+    }
 }

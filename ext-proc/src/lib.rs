@@ -3,7 +3,9 @@
 
 pub mod admin;
 pub mod bootstrap;
+pub mod cli;
 pub mod config;
+pub mod metrics;
 pub mod observe;
 pub mod route;
 pub mod serve;

@@ -1,24 +1,31 @@
-//! Starting the service: the writer, the health checks, the gRPC and admin
-//! listeners, and config reload on SIGHUP.
+//! Starting the service: the writer, health checks, engine scrapes, config
+//! reloads (file change, SIGHUP), and the gRPC and admin listeners.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::net::TcpListener;
 
+use crate::admin::AdminState;
 use crate::config::RouterConfig;
-use crate::state::{Event, Shared, Writer};
+use crate::metrics::ResultLabel;
+use crate::state::{Change, Shared, Writer};
 use crate::stream::Service;
 
 pub struct ServeOptions {
     pub config: PathBuf,
     pub grpc: SocketAddr,
     pub admin: SocketAddr,
+    /// Bearer token the admin API requires for changes; none = read-only.
+    pub admin_token: Option<String>,
 }
 
-pub async fn serve(opts: ServeOptions) -> anyhow_like::Result<()> {
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let cfg =
         RouterConfig::load(&opts.config).map_err(|e| format!("{}:\n{e}", opts.config.display()))?;
     let (shared, writer) = Writer::new(&cfg);
@@ -29,6 +36,7 @@ pub async fn serve(opts: ServeOptions) -> anyhow_like::Result<()> {
     ));
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
     tokio::spawn(reload_on_sighup(shared.clone(), opts.config.clone()));
+    tokio::spawn(reload_on_change(shared.clone(), opts.config.clone()));
 
     let grpc = TcpListener::bind(opts.grpc)
         .await
@@ -36,20 +44,26 @@ pub async fn serve(opts: ServeOptions) -> anyhow_like::Result<()> {
     let admin = TcpListener::bind(opts.admin)
         .await
         .map_err(|e| format!("admin listener {}: {e}", opts.admin))?;
+    if opts.admin_token.is_none() {
+        tracing::info!("no admin token configured: the admin API is read-only");
+    }
     tracing::info!(grpc = %grpc.local_addr()?, admin = %admin.local_addr()?, "fleetroute listening");
-    let admin_app = crate::admin::router(shared.clone());
+    let admin_app = crate::admin::router(AdminState {
+        shared: shared.clone(),
+        config_path: opts.config.clone(),
+        token: opts.admin_token.clone(),
+    });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(admin, admin_app).await {
             tracing::error!("admin listener failed: {e}");
         }
     });
+    // Replies are small and latency-bound: no Nagle delay on the accepted
+    // connections (the builder's nodelay only applies to listeners it binds).
+    let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .tcp_nodelay(true)
         .add_service(ExternalProcessorServer::new(Service::new(shared)))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc),
-            shutdown(),
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;
     Ok(())
@@ -65,21 +79,62 @@ async fn shutdown() {
     tracing::info!("shutting down");
 }
 
-/// Reloads the config file on SIGHUP; an invalid file is refused and the
-/// running config stays.
+/// Loads, validates and applies the config file. An invalid file is refused
+/// with its field-path errors and the running config stays.
+pub async fn reload(shared: &Shared, path: &Path, source: &str) -> Result<String, String> {
+    match RouterConfig::load(path) {
+        Ok(cfg) => {
+            shared
+                .change(Change::Reload {
+                    config: Box::new(cfg),
+                    source: source.to_string(),
+                })
+                .await
+        }
+        Err(e) => {
+            shared
+                .metrics
+                .reloads
+                .get_or_create(&ResultLabel {
+                    result: "refused".into(),
+                })
+                .inc();
+            Err(format!(
+                "{}: invalid router config, the running config stays:\n{e}",
+                path.display()
+            ))
+        }
+    }
+}
+
 async fn reload_on_sighup(shared: Arc<Shared>, path: PathBuf) {
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
         return;
     };
     while hup.recv().await.is_some() {
-        match RouterConfig::load(&path) {
-            Ok(cfg) => shared.emit(Event::Reload(Box::new(cfg))),
-            Err(e) => tracing::error!("config reload refused, keeping the running config:\n{e}"),
+        if let Err(e) = reload(&shared, &path, "SIGHUP").await {
+            tracing::error!("{e}");
         }
     }
 }
 
-/// A boxed error with a message, for `main`.
-pub mod anyhow_like {
-    pub type Result<T> = std::result::Result<T, Box<dyn std::error::Error + Send + Sync>>;
+/// Polls the file's modification time and size: works for editors that
+/// replace the file and for mounted config maps alike.
+async fn reload_on_change(shared: Arc<Shared>, path: PathBuf) {
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+    };
+    let mut last = stamp(&path);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = stamp(&path);
+        if now.is_some() && now != last {
+            last = now;
+            if let Err(e) = reload(&shared, &path, "file changed").await {
+                tracing::error!("{e}");
+            }
+        }
+    }
 }

@@ -38,7 +38,13 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     let snap = shared.snapshot();
     let decision = match route::decide(&snap, &key, fastrand::u64(..)) {
         Ok(d) => d,
-        Err(reject) => return mutation::reject(&reject),
+        Err(reject) => {
+            shared.emit(Event::Rejected {
+                stage: reject.stage().unwrap_or_default().to_string(),
+                reason: reject.code(),
+            });
+            return mutation::reject(&reject);
+        }
     };
     let topo = &snap.topo;
     let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
@@ -51,6 +57,9 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
         fleet: decision.fleet,
         replica: decision.replicas[0],
         key_source: key.key_source.map_or("none", |s| s.as_str()),
+        arm: decision.arm.as_str(),
+        shadow: decision.shadow,
+        prompt_tokens: u64::from(key.prompt_tokens),
         blocks: key.blocks,
         block_tokens: key.block_tokens,
         predicted_cached_tokens: decision.cached_tokens,
@@ -76,12 +85,6 @@ impl ExternalProcessor for Service {
             while let Ok(Some(msg)) = inbound.message().await {
                 if msg.observability_mode {
                     let obs = observer.get_or_insert_with(|| Observer::new(shared.clone()));
-                    tracing::debug!(message = ?msg.request.as_ref().map(|r| match r {
-                        Request::ResponseBody(b) => format!("body {} eos {}", b.body.len(), b.end_of_stream),
-                        Request::ResponseHeaders(h) => format!("resp headers eos {}", h.end_of_stream),
-                        Request::RequestHeaders(h) => format!("req headers eos {}", h.end_of_stream),
-                        other => format!("{other:?}").chars().take(40).collect(),
-                    }), "observer message");
                     match &msg.request {
                         Some(Request::RequestHeaders(h)) => {
                             if let Some(map) = &h.headers {
@@ -98,6 +101,11 @@ impl ExternalProcessor for Service {
                         }
                         Some(Request::ResponseTrailers(_)) => obs.finish(false),
                         _ => {}
+                    }
+                    if obs.is_finished() {
+                        // Nothing more will come: end the call now rather than
+                        // leave Envoy holding it open until its deferred close.
+                        break;
                     }
                     continue;
                 }

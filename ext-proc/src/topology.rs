@@ -9,7 +9,8 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
     AlarmsConfig, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, HealthCheckConfig,
-    OutlierConfig, PolicyKind, ReplicaChoiceConfig, RouterConfig, RoutingConfig, WarmupConfig,
+    OutlierConfig, PolicyKind, ReplicaChoiceConfig, RouterConfig, RoutingConfig, ScalingConfig,
+    WarmupConfig,
 };
 use crate::state::load::ReplicaLoad;
 
@@ -36,6 +37,7 @@ pub struct Fleet {
     pub capacity: CapacityConfig,
     pub cost: Option<CostConfig>,
     pub hosts: Option<Bounds>,
+    pub scaling: ScalingConfig,
 }
 
 #[derive(Debug)]
@@ -63,6 +65,16 @@ pub struct Stage {
     pub alarms: AlarmsConfig,
     pub outlier: OutlierConfig,
     pub warmup: Option<WarmupConfig>,
+    pub experiment: Experiment,
+}
+
+/// A stage's experiments with fleets resolved to `Topology::fleets` indices.
+#[derive(Clone, Debug, Default)]
+pub struct Experiment {
+    /// Control fleet, and variants with their percentages.
+    pub ab: Option<(usize, Vec<(usize, f64)>)>,
+    /// Shadow fleet and the percentage of requests mirrored to it.
+    pub shadow: Option<(usize, f64)>,
 }
 
 /// A stage's policy with its fleets resolved to `Topology::fleets` indices.
@@ -116,6 +128,7 @@ impl Topology {
                 capacity: f.capacity.clone(),
                 cost: f.cost.clone(),
                 hosts: f.hosts,
+                scaling: f.scaling.clone(),
             })
             .collect::<Vec<_>>();
         let stages = cfg
@@ -162,6 +175,22 @@ impl Topology {
                     alarms: s.alarms.clone(),
                     outlier: s.outlier.clone(),
                     warmup: s.warmup.clone(),
+                    experiment: Experiment {
+                        ab: s.experiment.ab.as_ref().map(|ab| {
+                            (
+                                fleet_idx[ab.control.as_str()],
+                                ab.variants
+                                    .iter()
+                                    .map(|v| (fleet_idx[v.fleet.as_str()], v.percent))
+                                    .collect(),
+                            )
+                        }),
+                        shadow: s
+                            .experiment
+                            .shadow
+                            .as_ref()
+                            .map(|sh| (fleet_idx[sh.fleet.as_str()], sh.percent)),
+                    },
                 }
             })
             .collect::<Vec<_>>();

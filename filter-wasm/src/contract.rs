@@ -164,8 +164,9 @@ fn hex_digit(c: u8) -> Option<u8> {
 }
 
 /// The decision as ext-proc's observing stream reads it back from the request:
-/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>`
-/// (queued: prefill tokens already waiting on the replica when it was chosen).
+/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>`
+/// (queued: prefill tokens already waiting on the replica when it was chosen;
+/// arm: `none`, `control` or `variant` of the stage's A/B test).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteTag<'a> {
     pub stage: &'a str,
@@ -174,18 +175,20 @@ pub struct RouteTag<'a> {
     pub predicted_cached_tokens: u64,
     pub uncached_tokens: u64,
     pub queued_tokens: u64,
+    pub arm: &'a str,
 }
 
 impl<'a> RouteTag<'a> {
     pub fn encode(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}|{}|{}",
             self.stage,
             self.fleet,
             self.replica,
             self.predicted_cached_tokens,
             self.uncached_tokens,
-            self.queued_tokens
+            self.queued_tokens,
+            self.arm
         )
     }
 
@@ -198,6 +201,7 @@ impl<'a> RouteTag<'a> {
             predicted_cached_tokens: it.next()?.parse().ok()?,
             uncached_tokens: it.next()?.parse().ok()?,
             queued_tokens: it.next()?.parse().ok()?,
+            arm: it.next()?,
         };
         it.next().is_none().then_some(tag)
     }
@@ -233,9 +237,9 @@ mod tests {
 
     #[test]
     fn route_tag_rejects_extra_fields() {
-        assert!(RouteTag::decode("a|b|c|1|2|3|4").is_none());
-        assert!(RouteTag::decode("a|b|c|x|2|3").is_none());
-        assert!(RouteTag::decode("a|b|c|1|2").is_none());
+        assert!(RouteTag::decode("a|b|c|1|2|3|none|x").is_none());
+        assert!(RouteTag::decode("a|b|c|x|2|3|none").is_none());
+        assert!(RouteTag::decode("a|b|c|1|2|3").is_none());
     }
 
     proptest! {
@@ -248,9 +252,10 @@ mod tests {
 
         #[test]
         fn route_tag_round_trips(stage in "[a-z/-]{1,20}", fleet in "[a-z-]{1,20}",
-                                 replica in "[0-9.:]{1,21}", c in any::<u64>(), u in any::<u64>(), q in any::<u64>()) {
+                                 replica in "[0-9.:]{1,21}", c in any::<u64>(), u in any::<u64>(), q in any::<u64>(),
+                                 arm in "none|control|variant") {
             let tag = RouteTag { stage: &stage, fleet: &fleet, replica: &replica,
-                                 predicted_cached_tokens: c, uncached_tokens: u, queued_tokens: q };
+                                 predicted_cached_tokens: c, uncached_tokens: u, queued_tokens: q, arm: &arm };
             let s = tag.encode();
             prop_assert_eq!(RouteTag::decode(&s), Some(tag));
         }

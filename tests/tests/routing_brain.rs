@@ -559,7 +559,7 @@ fn a_stream_from_a_dying_replica_ends_in_error_and_the_conversation_moves() {
     assert_eq!(cached, 0, "the new replica had to recompute the prefix");
     let counted = wait_for_value(Duration::from_secs(3), || {
         let snap = snapshot(&lab);
-        (snap["fleets"][0]["figures"]["error_rate"].as_f64().unwrap() > 0.0).then_some(())
+        (snap["fleets"][0]["error_rate"].as_f64().unwrap() > 0.0).then_some(())
     });
     assert!(
         counted.is_some(),

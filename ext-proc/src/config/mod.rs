@@ -62,6 +62,16 @@ impl RouterConfig {
         }
     }
 
+    /// Validates a config built or edited in code.
+    pub fn check(&self) -> Result<(), ConfigErrors> {
+        let errors = validate::validate(self);
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigErrors(errors))
+        }
+    }
+
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigErrors(vec![ConfigError {

@@ -2,9 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
     #[serde(default)]
@@ -18,7 +18,7 @@ pub struct RouterConfig {
     pub stages: Vec<StageConfig>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
     pub path: String,
@@ -43,7 +43,7 @@ impl Default for HealthCheckConfig {
 }
 
 /// Scraping each replica's Prometheus endpoint (vLLM metric names).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineMetricsConfig {
     pub path: String,
@@ -62,7 +62,7 @@ impl Default for EngineMetricsConfig {
     }
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FleetConfig {
     /// Also the Envoy cluster name.
@@ -74,11 +74,34 @@ pub struct FleetConfig {
     pub cost: Option<CostConfig>,
     #[serde(default)]
     pub capacity: CapacityConfig,
+    /// Host bounds for autoscaling signals; without them the fleet's desired
+    /// size is its endpoint count.
     #[serde(default)]
     pub hosts: Option<Bounds>,
+    #[serde(default)]
+    pub scaling: ScalingConfig,
 }
 
-#[derive(Clone, Debug, Default, Deserialize)]
+/// Per-replica targets the autoscaling signal scales to.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ScalingConfig {
+    /// Requests waiting per replica.
+    pub target_queue: f64,
+    /// Tokens (prompt + completion) per second per replica.
+    pub target_tokens_per_sec: Option<f64>,
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        ScalingConfig {
+            target_queue: 4.0,
+            target_tokens_per_sec: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostConfig {
     pub gpu_hour_usd: Option<f64>,
@@ -91,7 +114,7 @@ pub struct CostConfig {
 }
 
 /// What one replica of the fleet can take before it counts as saturated.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CapacityConfig {
     /// Requests in flight per replica (about the engine's maximum batch).
@@ -116,14 +139,14 @@ impl Default for CapacityConfig {
     }
 }
 
-#[derive(Clone, Copy, Debug, Deserialize)]
+#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bounds {
     pub min: u32,
     pub max: u32,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageConfig {
     pub name: String,
@@ -145,11 +168,48 @@ pub struct StageConfig {
     pub outlier: OutlierConfig,
     #[serde(default)]
     pub warmup: Option<WarmupConfig>,
+    #[serde(default)]
+    pub experiment: ExperimentConfig,
+}
+
+/// Experiments on a stage's traffic, chosen deterministically by sampling key.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ab: Option<AbTest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shadow: Option<Shadow>,
+}
+
+/// An A/B test: requests the policy sends to `control` are re-sampled among
+/// control and the variants by these percentages.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AbTest {
+    pub control: String,
+    pub variants: Vec<Variant>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Variant {
+    pub fleet: String,
+    pub percent: f64,
+}
+
+/// Mirror `percent` of the stage's requests to `fleet`; the client's answer
+/// never depends on it.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Shadow {
+    pub fleet: String,
+    pub percent: f64,
 }
 
 /// How a replica is picked inside the chosen fleet: the prompt prefix it
 /// already holds against the work already queued on it.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicaChoiceConfig {
     /// Weight of a cached prompt token (prefill it saves).
@@ -185,7 +245,7 @@ impl Default for ReplicaChoiceConfig {
 
 /// What a fleet must meet to be chosen by the cost policy (and what the
 /// dashboards alarm on), over a sliding window.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlarmsConfig {
     pub ttft_p95_ms: Option<f64>,
@@ -207,7 +267,7 @@ impl Default for AlarmsConfig {
 }
 
 /// Ejecting replicas that fall behind their fleet's median.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
     pub enabled: bool,
@@ -241,7 +301,7 @@ impl Default for OutlierConfig {
 }
 
 /// Golden prompts a replica must answer before it (re)joins the rotation.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmupConfig {
     /// Request path, e.g. /v1/chat/completions.
@@ -260,7 +320,7 @@ fn default_warmup_timeout() -> u64 {
     10_000
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GoldenPrompt {
     /// The request body, as JSON.
@@ -270,7 +330,7 @@ pub struct GoldenPrompt {
     pub expect: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
@@ -286,7 +346,7 @@ impl OneOrMany {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
     Priority,
@@ -298,7 +358,7 @@ pub enum PolicyKind {
 
 /// One flat block for every policy; fields that belong to another policy are
 /// refused by validation, so a typo cannot silently fall back to a default.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RoutingConfig {
     #[serde(default)]

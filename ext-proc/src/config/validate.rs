@@ -168,6 +168,21 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
                 format!("min {} is above max {}", b.min, b.max),
             );
         }
+        if !(f.scaling.target_queue.is_finite() && f.scaling.target_queue > 0.0) {
+            e.push(
+                format!("{p}.scaling.target_queue"),
+                "must be a positive number",
+            );
+        }
+        if f.scaling
+            .target_tokens_per_sec
+            .is_some_and(|v| !(v.is_finite() && v > 0.0))
+        {
+            e.push(
+                format!("{p}.scaling.target_tokens_per_sec"),
+                "must be a positive number",
+            );
+        }
     }
 
     let mut stage_names = HashSet::new();
@@ -342,6 +357,84 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
                 format!("{p}.outlier"),
                 "window_s and base_ejection_s must be >= 1 and max_ejection_s >= base_ejection_s",
             );
+        }
+        let ex = &s.experiment;
+        if let Some(ab) = &ex.ab {
+            let ap = format!("{p}.experiment.ab");
+            if !stage_fleets.contains(ab.control.as_str()) {
+                e.push(
+                    format!("{ap}.control"),
+                    format!("unknown fleet '{}' (not in {p}.fleets)", ab.control),
+                );
+            }
+            if ab.variants.is_empty() {
+                e.push(format!("{ap}.variants"), "list at least one variant");
+            }
+            let mut total = 0.0;
+            let mut seen_variants = HashSet::new();
+            for (j, v) in ab.variants.iter().enumerate() {
+                let vp = format!("{ap}.variants[{j}]");
+                if !stage_fleets.contains(v.fleet.as_str()) {
+                    e.push(
+                        format!("{vp}.fleet"),
+                        format!("unknown fleet '{}' (not in {p}.fleets)", v.fleet),
+                    );
+                }
+                if v.fleet == ab.control || !seen_variants.insert(v.fleet.as_str()) {
+                    e.push(
+                        format!("{vp}.fleet"),
+                        format!("'{}' is already an arm of this test", v.fleet),
+                    );
+                }
+                if !(v.percent.is_finite() && v.percent > 0.0 && v.percent <= 100.0) {
+                    e.push(
+                        format!("{vp}.percent"),
+                        format!("{} must be in (0, 100]", v.percent),
+                    );
+                } else {
+                    total += v.percent;
+                }
+            }
+            if total > 100.0 {
+                e.push(
+                    format!("{ap}.variants"),
+                    format!("percentages sum to {total}, more than 100"),
+                );
+            }
+        }
+        if let Some(sh) = &ex.shadow {
+            let sp = format!("{p}.experiment.shadow");
+            match regions.get(sh.fleet.as_str()) {
+                None => e.push(
+                    format!("{sp}.fleet"),
+                    format!("unknown fleet '{}'", sh.fleet),
+                ),
+                Some(region) => {
+                    let allowed = match &residency {
+                        Some(r) => r.iter().any(|x| x == region),
+                        // Without a residency the stage's regions are its fleets' regions.
+                        None => s
+                            .fleets
+                            .iter()
+                            .any(|f| regions.get(f.as_str()) == Some(region)),
+                    };
+                    if !allowed {
+                        e.push(
+                            format!("{sp}.fleet"),
+                            format!(
+                                "fleet '{}' is in region '{region}', outside the stage's residency",
+                                sh.fleet
+                            ),
+                        );
+                    }
+                }
+            }
+            if !(sh.percent.is_finite() && (0.0..=100.0).contains(&sh.percent)) {
+                e.push(
+                    format!("{sp}.percent"),
+                    format!("{} must be between 0 and 100", sh.percent),
+                );
+            }
         }
         if let Some(w) = &s.warmup {
             if w.prompts.is_empty() {

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute_filter::contract::{self, RouteTag};
 
+use crate::route::experiment::Arm;
 use crate::state::load::RequestGuard;
 use crate::state::{Event, Shared};
 use usage::{SseReader, Usage};
@@ -34,6 +35,7 @@ pub struct Observation {
     pub uncached_tokens: u64,
     /// Prefill tokens that were waiting on the replica when it was chosen.
     pub queued_tokens: u64,
+    pub arm: Arm,
     pub stream: bool,
     /// The response ended before it was complete (reset, or SSE without [DONE]).
     pub ended_early: bool,
@@ -47,6 +49,7 @@ struct RouteInfo {
     predicted: u64,
     uncached: u64,
     queued: u64,
+    arm: Arm,
 }
 
 pub struct Observer {
@@ -101,6 +104,7 @@ impl Observer {
                 predicted: t.predicted_cached_tokens,
                 uncached: t.uncached_tokens,
                 queued: t.queued_tokens,
+                arm: Arm::parse(t.arm),
             });
     }
 
@@ -136,6 +140,10 @@ impl Observer {
         }
     }
 
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
     /// Called once: at the end of the response, or when the stream goes away
     /// first (`reset`), which releases the in-flight count either way.
     pub fn finish(&mut self, reset: bool) {
@@ -149,6 +157,7 @@ impl Observer {
             l.release();
         }
         let Some(RouteInfo {
+            arm,
             stage,
             fleet,
             replica,
@@ -175,6 +184,7 @@ impl Observer {
             predicted_cached_tokens: predicted,
             uncached_tokens: uncached,
             queued_tokens: queued,
+            arm,
             stream: self.sse.is_some(),
             ended_early,
         })));

@@ -3,6 +3,7 @@
 //! It reads a snapshot and never writes.
 
 pub mod eligible;
+pub mod experiment;
 pub mod fleet;
 pub mod key;
 pub mod mutation;
@@ -27,6 +28,9 @@ pub struct Decision {
     pub uncached_tokens: u64,
     /// Prefill tokens already waiting on it.
     pub queued_tokens: u64,
+    pub arm: experiment::Arm,
+    /// A shadow fleet to mirror the request to.
+    pub shadow: Option<usize>,
 }
 
 /// Why a request cannot be routed; each becomes a JSON error for the client.
@@ -53,6 +57,16 @@ impl Reject {
         match self {
             Reject::NoModel | Reject::UnknownModel(_) => 404,
             _ => 503,
+        }
+    }
+
+    /// The stage the request reached, when it reached one.
+    pub fn stage(&self) -> Option<&str> {
+        match self {
+            Reject::NoModel | Reject::UnknownModel(_) => None,
+            Reject::NoReadyReplica { stage, .. }
+            | Reject::ResidencyUnsatisfiable { stage, .. }
+            | Reject::PolicyRefused { stage } => Some(stage),
         }
     }
 
@@ -107,6 +121,7 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
     let chosen = fleet::choose(&stage.policy, &input).ok_or_else(|| Reject::PolicyRefused {
         stage: stage.name.clone(),
     })?;
+    let (chosen, arm) = experiment::ab(stage, &candidates, chosen, key.key);
     let cf = &candidates.fleets[chosen];
     let choice = replica::choose(&topo.fleets[cf.fleet], cf, key, &stage.replica_choice);
     Ok(Decision {
@@ -116,5 +131,7 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         cached_tokens: choice.cached_tokens,
         uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
         queued_tokens: choice.queued_tokens,
+        arm,
+        shadow: experiment::shadow(stage, snap, key.key),
     })
 }

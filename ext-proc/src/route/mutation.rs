@@ -50,6 +50,7 @@ pub fn route(topo: &Topology, d: &Decision) -> ProcessingResponse {
         predicted_cached_tokens: d.cached_tokens,
         uncached_tokens: d.uncached_tokens,
         queued_tokens: d.queued_tokens,
+        arm: d.arm.as_str(),
     };
     let lb = Struct {
         fields: HashMap::from([(
@@ -65,14 +66,19 @@ pub fn route(topo: &Topology, d: &Decision) -> ProcessingResponse {
             },
         )]),
     };
+    let mut set_headers = vec![
+        header(contract::CLUSTER, fleet.name.clone()),
+        header(contract::ROUTE, tag.encode()),
+    ];
+    if let Some(s) = d.shadow {
+        // The route mirrors to the cluster this header names.
+        set_headers.push(header(contract::SHADOW, topo.fleets[s].name.clone()));
+    }
     ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
-                    set_headers: vec![
-                        header(contract::CLUSTER, fleet.name.clone()),
-                        header(contract::ROUTE, tag.encode()),
-                    ],
+                    set_headers,
                     remove_headers: Vec::new(),
                 }),
                 // The route's cluster_header changed: Envoy must match again.

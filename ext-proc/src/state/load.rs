@@ -12,6 +12,8 @@ pub struct ReplicaLoad {
     /// Uncached prompt tokens of routed requests that have not produced their
     /// first byte yet: the replica's prefill queue as the router sees it.
     pending_prefill: AtomicU64,
+    /// Routed requests that have not produced their first byte yet.
+    prefilling: AtomicU32,
     /// From the engine's metrics endpoint; 0 until first scraped.
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
@@ -26,6 +28,10 @@ impl ReplicaLoad {
 
     pub fn pending_prefill(&self) -> u64 {
         self.pending_prefill.load(Relaxed)
+    }
+
+    pub fn prefilling(&self) -> u32 {
+        self.prefilling.load(Relaxed)
     }
 
     pub fn engine_waiting(&self) -> u32 {
@@ -52,9 +58,11 @@ impl ReplicaLoad {
     pub fn start(self: &Arc<Self>, prefill_tokens: u64) -> RequestGuard {
         self.inflight.fetch_add(1, Relaxed);
         self.pending_prefill.fetch_add(prefill_tokens, Relaxed);
+        self.prefilling.fetch_add(1, Relaxed);
         RequestGuard {
             load: self.clone(),
             prefill: AtomicU64::new(prefill_tokens),
+            prefilled: AtomicBool::new(false),
             released: AtomicBool::new(false),
         }
     }
@@ -67,14 +75,18 @@ impl ReplicaLoad {
 pub struct RequestGuard {
     load: Arc<ReplicaLoad>,
     prefill: AtomicU64,
+    prefilled: AtomicBool,
     released: AtomicBool,
 }
 
 impl RequestGuard {
     /// The first byte came back: prefill is over. Idempotent.
     pub fn prefill_done(&self) {
-        let t = self.prefill.swap(0, Relaxed);
-        self.load.pending_prefill.fetch_sub(t, Relaxed);
+        if !self.prefilled.swap(true, Relaxed) {
+            let t = self.prefill.swap(0, Relaxed);
+            self.load.pending_prefill.fetch_sub(t, Relaxed);
+            self.load.prefilling.fetch_sub(1, Relaxed);
+        }
     }
 
     /// The request is over. Idempotent.

@@ -2,31 +2,39 @@
 //! immutable snapshots; the decision path reads the current snapshot and the
 //! per-replica atomics, and never waits on the writer.
 
+pub mod accounting;
+pub mod autoscale;
+mod changes;
 pub mod figures;
 pub mod health;
 pub mod load;
 pub mod outlier;
 pub mod prefix_index;
+mod report;
 pub mod scrape;
 pub mod warmup;
+mod writer;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use moka::sync::Cache;
 use serde::Serialize;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
+
+pub use changes::Change;
+use figures::FleetFigures;
+use health::Health;
+use load::RequestGuard;
+use prefix_index::PrefixIndex;
+pub use writer::Writer;
 
 use crate::config::RouterConfig;
+use crate::metrics::Metrics;
 use crate::observe::Observation;
 use crate::topology::Topology;
-use figures::{FleetFigures, FleetWindow};
-use health::{Health, HealthMachine};
-use load::{ReplicaLoad, RequestGuard};
-use outlier::ReplicaOutlier;
-use prefix_index::{IndexWriter, PrefixIndex};
 
 /// What the decision path reads for one request.
 #[derive(Debug)]
@@ -36,6 +44,10 @@ pub struct Snapshot {
     pub replicas: Vec<Vec<ReplicaState>>,
     /// Parallel to `topo.fleets`.
     pub fleets: Vec<FleetState>,
+    /// `[stage][i]`, parallel to `topo.stages[s].fleets`.
+    pub stages: Vec<Vec<StageFleetFigures>>,
+    /// The config in effect (the file plus changes made through the admin API).
+    pub config: Arc<RouterConfig>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -51,6 +63,18 @@ impl ReplicaState {
     pub fn ready(&self) -> bool {
         self.health == Health::Healthy && self.warm && !self.ejected && !self.draining
     }
+
+    /// The one word an operator sees.
+    pub fn label(&self) -> &'static str {
+        match self.health {
+            Health::Unknown => "unknown",
+            Health::Unhealthy => "unhealthy",
+            Health::Healthy if self.draining => "draining",
+            Health::Healthy if self.ejected => "ejected",
+            Health::Healthy if !self.warm => "warming",
+            Health::Healthy => "ready",
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -59,6 +83,17 @@ pub struct FleetState {
     pub figures: FleetFigures,
     /// The priority policy's saturation, with hysteresis (see `saturation`).
     pub spilling: bool,
+    pub utilisation: f64,
+    /// The autoscaling signal.
+    pub desired_replicas: u32,
+}
+
+/// A fleet's figures within one stage's traffic (decaying, ~30 s).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct StageFleetFigures {
+    pub traffic_share: f64,
+    pub hit_rate_predicted: Option<f64>,
+    pub hit_rate_engine: Option<f64>,
 }
 
 /// A decision, as the writer learns it.
@@ -70,8 +105,11 @@ pub struct Routed {
     pub fleet: usize,
     pub replica: usize,
     pub key_source: &'static str,
+    pub arm: &'static str,
+    pub shadow: Option<usize>,
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
+    pub prompt_tokens: u64,
     pub predicted_cached_tokens: u64,
 }
 
@@ -83,6 +121,8 @@ pub struct DecisionRecord {
     pub fleet: String,
     pub replica: String,
     pub key_source: &'static str,
+    pub arm: &'static str,
+    pub shadow: Option<String>,
     pub predicted_cached_tokens: u64,
 }
 
@@ -101,8 +141,18 @@ pub enum Event {
         ok: bool,
     },
     Routed(Box<Routed>),
+    /// fleetroute answered the request itself (no model, no replica, ...).
+    Rejected {
+        stage: String,
+        reason: &'static str,
+    },
     Observed(Box<Observation>),
-    Reload(Box<RouterConfig>),
+    /// A change of config or replica state; the reply says what changed, or
+    /// why it was refused (the running state then stays as it was).
+    Change {
+        change: Box<Change>,
+        reply: Option<oneshot::Sender<Result<String, String>>>,
+    },
 }
 
 /// How long a decision's load waits for the observing stream to claim it
@@ -110,7 +160,7 @@ pub enum Event {
 const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 const DECISION_LOG: usize = 4096;
 const EVENT_QUEUE: usize = 65_536;
-/// How often saturation, figures and outliers are re-evaluated.
+/// How often saturation, figures, outliers and metrics are re-evaluated.
 pub const TICK: Duration = Duration::from_millis(250);
 
 /// Everything shared between the gRPC streams, the admin API and the writer.
@@ -121,6 +171,7 @@ pub struct Shared {
     pending: Cache<String, Arc<RequestGuard>>,
     /// Recent decisions for `/debug/decisions`; only the writer appends.
     decisions: Mutex<VecDeque<DecisionRecord>>,
+    pub metrics: Metrics,
 }
 
 impl std::fmt::Debug for Shared {
@@ -135,9 +186,25 @@ impl Shared {
     }
 
     /// Never blocks the request path: when the writer is far behind, the event
-    /// is dropped (it only refines state that later events correct).
+    /// is dropped and counted (it only refines state that later events correct).
     pub fn emit(&self, event: Event) {
-        let _ = self.events.try_send(event);
+        if self.events.try_send(event).is_err() {
+            self.metrics.events_dropped.inc();
+        }
+    }
+
+    /// Applies a change through the writer and waits for its verdict.
+    pub async fn change(&self, change: Change) -> Result<String, String> {
+        let (tx, rx) = oneshot::channel();
+        self.events
+            .send(Event::Change {
+                change: Box::new(change),
+                reply: Some(tx),
+            })
+            .await
+            .map_err(|_| "the state writer has stopped".to_string())?;
+        rx.await
+            .map_err(|_| "the state writer has stopped".to_string())?
     }
 
     pub fn events(&self) -> mpsc::Sender<Event> {
@@ -163,436 +230,5 @@ impl Shared {
             .take(limit)
             .cloned()
             .collect()
-    }
-}
-
-/// The writer's model of one replica.
-#[derive(Debug, Default)]
-struct ReplicaModel {
-    health: HealthMachine,
-    warm: bool,
-    outlier: ReplicaOutlier,
-    draining: bool,
-}
-
-#[derive(Debug)]
-struct FleetModel {
-    index: IndexWriter,
-    window: FleetWindow,
-    spilling: bool,
-    figures: FleetFigures,
-    replicas: Vec<ReplicaModel>,
-}
-
-/// Owns all mutable router state; the only publisher of snapshots.
-pub struct Writer {
-    shared: Arc<Shared>,
-    rx: mpsc::Receiver<Event>,
-    topo: Arc<Topology>,
-    fleets: Vec<FleetModel>,
-    loads: HashMap<(String, String), Arc<ReplicaLoad>>,
-    dirty: bool,
-}
-
-impl Writer {
-    pub fn new(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let mut loads = HashMap::new();
-        let topo = Arc::new(build_topology(cfg, 1, &mut loads));
-        let fleets = fleet_models(&topo, Vec::new(), &Topology::empty());
-        let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(snapshot(&topo, &fleets)),
-            events: tx,
-            pending: Cache::builder()
-                .max_capacity(1 << 20)
-                .time_to_live(UNCLAIMED_TTL)
-                .build(),
-            decisions: Mutex::new(VecDeque::with_capacity(DECISION_LOG)),
-        });
-        let writer = Writer {
-            shared: shared.clone(),
-            rx,
-            topo,
-            fleets,
-            loads,
-            dirty: false,
-        };
-        (shared, writer)
-    }
-
-    pub async fn run(mut self) {
-        let mut tick = tokio::time::interval(TICK);
-        loop {
-            tokio::select! {
-                ev = self.rx.recv() => match ev {
-                    Some(ev) => {
-                        let now = Instant::now();
-                        self.apply(ev, now);
-                        // Drain what else is queued before publishing once.
-                        while let Ok(ev) = self.rx.try_recv() {
-                            self.apply(ev, now);
-                        }
-                        self.publish_if_dirty(now);
-                    }
-                    None => return,
-                },
-                _ = tick.tick() => {
-                    self.tick(Instant::now());
-                    self.shared.pending.run_pending_tasks();
-                }
-            }
-        }
-    }
-
-    /// Applies every queued event now (used by simulations that drive the
-    /// writer synchronously with their own clock).
-    pub fn drain(&mut self, now: Instant) {
-        while let Ok(ev) = self.rx.try_recv() {
-            self.apply(ev, now);
-        }
-        self.publish_if_dirty(now);
-    }
-
-    pub fn apply(&mut self, ev: Event, now: Instant) {
-        match ev {
-            Event::Health {
-                generation,
-                fleet,
-                replica,
-                ok,
-            } => {
-                if generation == self.topo.generation {
-                    self.on_health(fleet, replica, ok);
-                }
-            }
-            Event::Warmup {
-                generation,
-                fleet,
-                replica,
-                ok,
-            } => {
-                if generation == self.topo.generation {
-                    let m = &mut self.fleets[fleet].replicas[replica];
-                    if ok && !m.warm {
-                        m.warm = true;
-                        let f = &self.topo.fleets[fleet];
-                        tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, "replica passed warmup, joins the rotation");
-                        self.dirty = true;
-                    }
-                }
-            }
-            Event::Routed(r) => self.on_routed(*r),
-            Event::Observed(o) => self.on_observed(&o, now),
-            Event::Reload(cfg) => self.reload(&cfg, now),
-        }
-    }
-
-    fn on_health(&mut self, fleet: usize, replica: usize, ok: bool) {
-        let cfg = self.topo.health_check.clone();
-        let warmup = self.topo.stages_of(fleet).any(|s| s.warmup.is_some());
-        let m = &mut self.fleets[fleet].replicas[replica];
-        let Some(now) = m.health.record(ok, &cfg) else {
-            return;
-        };
-        let f = &self.topo.fleets[fleet];
-        tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, health = ?now, "replica health changed");
-        if now == Health::Unhealthy {
-            // Its cache is gone or unreachable: stop predicting hits on it.
-            self.fleets[fleet].index.clear(replica);
-            self.fleets[fleet].replicas[replica].warm = !warmup;
-        }
-        self.dirty = true;
-    }
-
-    fn on_routed(&mut self, r: Routed) {
-        if r.generation == self.topo.generation
-            && let Some(f) = self.fleets.get_mut(r.fleet)
-        {
-            f.index.insert(r.replica, &r.blocks, r.block_tokens);
-        }
-        let topo = &self.topo;
-        let (Some(stage), Some(fleet)) = (topo.stages.get(r.stage), topo.fleets.get(r.fleet))
-        else {
-            return;
-        };
-        let record = DecisionRecord {
-            request_id: r.request_id,
-            stage: stage.name.clone(),
-            fleet: fleet.name.clone(),
-            replica: fleet
-                .replicas
-                .get(r.replica)
-                .map(|x| x.addr.clone())
-                .unwrap_or_default(),
-            key_source: r.key_source,
-            predicted_cached_tokens: r.predicted_cached_tokens,
-        };
-        let mut log = self
-            .shared
-            .decisions
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if log.len() == DECISION_LOG {
-            log.pop_front();
-        }
-        log.push_back(record);
-    }
-
-    fn on_observed(&mut self, o: &Observation, now: Instant) {
-        let Some(f) = self.topo.fleet_index(&o.fleet) else {
-            return;
-        };
-        let addr = o.served_by.as_deref().unwrap_or(&o.replica);
-        let Some(r) = self.topo.fleets[f]
-            .replicas
-            .iter()
-            .position(|x| x.addr == addr)
-        else {
-            return;
-        };
-        let ok = o.succeeded();
-        let cached = o.usage.map(|u| u.cached_tokens());
-        // Time to first token is the prefill queued ahead plus this prompt's
-        // own: normalising by both gives a figure of the replica's speed that
-        // does not depend on how busy routing made it.
-        let uncached = match o.usage {
-            Some(u) => u.prompt_tokens.saturating_sub(u.cached_tokens()),
-            None => o.uncached_tokens,
-        };
-        let work = uncached + o.queued_tokens;
-        let ttft_ms = o
-            .time_to_first_byte
-            .filter(|_| ok && o.stream)
-            .map(|d| d.as_secs_f64() * 1000.0);
-        let tokens = o.usage.map_or(0, |u| u.prompt_tokens + u.completion_tokens);
-        let fm = &mut self.fleets[f];
-        fm.window.record(now, ok, ttft_ms, work, tokens);
-        if o.counts_against_replica() {
-            let out = o.usage.map_or(0, |u| u.completion_tokens);
-            fm.replicas[r].outlier.record(
-                now,
-                ok,
-                ttft_ms,
-                uncached,
-                o.total.as_secs_f64() * 1000.0,
-                out,
-            );
-        }
-        // The engine reports nothing cached where the router predicted a
-        // real prefix: the replica lost its cache (restart, eviction storm).
-        if ok && cached == Some(0) && o.predicted_cached_tokens > 0 && addr == o.replica {
-            fm.index.clear(r);
-        }
-    }
-
-    /// Periodic work: saturation (with hysteresis), figures, outliers.
-    pub fn tick(&mut self, now: Instant) {
-        let snap = self.shared.snapshot();
-        for (f, fleet) in self.topo.fleets.iter().enumerate() {
-            let ready: Vec<usize> = (0..fleet.replicas.len())
-                .filter(|&r| {
-                    snap.replicas
-                        .get(f)
-                        .and_then(|v| v.get(r))
-                        .is_some_and(|s| s.ready())
-                })
-                .collect();
-            let fm = &mut self.fleets[f];
-            let resume = self
-                .topo
-                .stages_of(f)
-                .map(|s| s.routing.resume_below())
-                .fold(1.0f64, f64::min);
-            let spilling = crate::route::saturation::spilling(fleet, &ready, fm.spilling, resume);
-            if spilling != fm.spilling {
-                tracing::info!(fleet = %fleet.name, saturated = spilling, "fleet saturation changed");
-                fm.spilling = spilling;
-                self.dirty = true;
-            }
-            let window = self
-                .topo
-                .stages_of(f)
-                .map(|s| s.alarms.window_s)
-                .max()
-                .unwrap_or(60);
-            let figures = fm.window.figures(
-                now,
-                Duration::from_secs(window),
-                ready.len(),
-                fleet.cost.as_ref(),
-            );
-            if figures_changed(&fm.figures, &figures) {
-                fm.figures = figures;
-                self.dirty = true;
-            }
-            // Ejections end by time.
-            for (r, m) in fm.replicas.iter().enumerate() {
-                let was = snap
-                    .replicas
-                    .get(f)
-                    .and_then(|v| v.get(r))
-                    .is_some_and(|s| s.ejected);
-                if was && !m.outlier.is_ejected(now) {
-                    tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");
-                    self.dirty = true;
-                }
-            }
-            if let Some(cfg) = self.topo.outlier_for(f) {
-                let eligible: Vec<bool> = (0..fleet.replicas.len())
-                    .map(|r| fm.replicas[r].health.state == Health::Healthy)
-                    .collect();
-                let mut outliers: Vec<ReplicaOutlier> = fm
-                    .replicas
-                    .iter_mut()
-                    .map(|m| std::mem::take(&mut m.outlier))
-                    .collect();
-                let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, now);
-                for (m, o) in fm.replicas.iter_mut().zip(outliers) {
-                    m.outlier = o;
-                }
-                for (r, d) in ejected {
-                    tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: behind its fleet's median");
-                    self.dirty = true;
-                }
-            }
-        }
-        drop(snap);
-        self.publish_if_dirty(now);
-    }
-
-    fn reload(&mut self, cfg: &RouterConfig, now: Instant) {
-        let topo = Arc::new(build_topology(
-            cfg,
-            self.topo.generation + 1,
-            &mut self.loads,
-        ));
-        let old = std::mem::take(&mut self.fleets);
-        self.fleets = fleet_models(&topo, old, &self.topo);
-        self.topo = topo;
-        // Counters of replicas that left go with them.
-        let live: std::collections::HashSet<(String, String)> = self
-            .topo
-            .fleets
-            .iter()
-            .flat_map(|f| f.replicas.iter().map(|r| (f.name.clone(), r.addr.clone())))
-            .collect();
-        self.loads.retain(|k, _| live.contains(k));
-        tracing::info!(generation = self.topo.generation, "router config applied");
-        self.dirty = true;
-        self.publish_if_dirty(now);
-    }
-
-    fn publish_if_dirty(&mut self, now: Instant) {
-        if std::mem::take(&mut self.dirty) {
-            self.shared
-                .snapshot
-                .store(Arc::new(snapshot_at(&self.topo, &self.fleets, now)));
-        }
-    }
-}
-
-fn figures_changed(a: &FleetFigures, b: &FleetFigures) -> bool {
-    a.samples != b.samples
-        || a.latency != b.latency
-        || a.ttft_p95_ms != b.ttft_p95_ms
-        || a.usd_per_mtok != b.usd_per_mtok
-}
-
-fn build_topology(
-    cfg: &RouterConfig,
-    generation: u64,
-    loads: &mut HashMap<(String, String), Arc<ReplicaLoad>>,
-) -> Topology {
-    Topology::build(cfg, generation, |fleet, addr| {
-        loads
-            .entry((fleet.to_string(), addr.to_string()))
-            .or_default()
-            .clone()
-    })
-}
-
-/// Models for a new topology: a fleet whose replica list is unchanged keeps
-/// everything (its prefix index included); other fleets keep what they can
-/// per replica address.
-fn fleet_models(topo: &Topology, mut old: Vec<FleetModel>, old_topo: &Topology) -> Vec<FleetModel> {
-    let mut out = Vec::with_capacity(topo.fleets.len());
-    for (f, fleet) in topo.fleets.iter().enumerate() {
-        let warmup = topo.stages_of(f).any(|s| s.warmup.is_some());
-        let prev = old_topo.fleet_index(&fleet.name);
-        let same_members = prev.is_some_and(|p| {
-            old_topo.fleets[p]
-                .replicas
-                .iter()
-                .map(|r| &r.addr)
-                .eq(fleet.replicas.iter().map(|r| &r.addr))
-        });
-        if same_members
-            && let Some(p) = prev
-            && p < old.len()
-        {
-            let m = std::mem::replace(&mut old[p], empty_model(0, 1));
-            out.push(m);
-            continue;
-        }
-        let mut m = empty_model(fleet.replicas.len(), fleet.capacity.kv_cache_tokens);
-        for (r, rep) in fleet.replicas.iter().enumerate() {
-            let carried = prev.and_then(|p| {
-                let oi = old_topo.fleets[p]
-                    .replicas
-                    .iter()
-                    .position(|x| x.addr == rep.addr)?;
-                old.get_mut(p)
-                    .and_then(|fm| fm.replicas.get_mut(oi))
-                    .map(std::mem::take)
-            });
-            m.replicas[r] = carried.unwrap_or(ReplicaModel {
-                warm: !warmup,
-                ..Default::default()
-            });
-        }
-        out.push(m);
-    }
-    out
-}
-
-fn empty_model(replicas: usize, kv_tokens: u64) -> FleetModel {
-    FleetModel {
-        index: IndexWriter::new(replicas, kv_tokens),
-        window: FleetWindow::default(),
-        spilling: false,
-        figures: FleetFigures::default(),
-        replicas: (0..replicas).map(|_| ReplicaModel::default()).collect(),
-    }
-}
-
-fn snapshot(topo: &Arc<Topology>, fleets: &[FleetModel]) -> Snapshot {
-    snapshot_at(topo, fleets, Instant::now())
-}
-
-fn snapshot_at(topo: &Arc<Topology>, fleets: &[FleetModel], now: Instant) -> Snapshot {
-    Snapshot {
-        topo: topo.clone(),
-        replicas: fleets
-            .iter()
-            .map(|fm| {
-                fm.replicas
-                    .iter()
-                    .map(|m| ReplicaState {
-                        health: m.health.state,
-                        warm: m.warm,
-                        ejected: m.outlier.is_ejected(now),
-                        draining: m.draining,
-                    })
-                    .collect()
-            })
-            .collect(),
-        fleets: fleets
-            .iter()
-            .map(|fm| FleetState {
-                prefix: fm.index.index(),
-                figures: fm.figures,
-                spilling: fm.spilling,
-            })
-            .collect(),
     }
 }

@@ -15,9 +15,9 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use fleetroute_filter::config::BYTES_PER_TOKEN;
 use fleetroute_filter::extract::prefix::block_hashes;
-use tokio::time::{Instant, sleep, sleep_until};
+use tokio::time::{Instant, sleep_until};
 
-use super::latency::duration;
+use super::latency::{duration, pause};
 use super::openai::{ApiError, Endpoint, Output, Params, Reply, SSE_DONE, Usage};
 use super::replica::{Replica, Running};
 use super::server::Kill;
@@ -87,7 +87,7 @@ async fn complete(
     rep.stats.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
     rep.stats.cached_tokens.fetch_add(cached_tokens, Relaxed);
     let prefill = rep.latency().prefill_ms(prompt_tokens - cached_tokens);
-    sleep(duration(prefill)).await;
+    pause(prefill).await;
     drop(lane);
 
     let created = SystemTime::now().duration_since(UNIX_EPOCH);
@@ -123,7 +123,7 @@ async fn complete(
 impl Job {
     async fn whole(self, kill: Option<Kill>) -> Response {
         let tokens = self.die_at.unwrap_or(self.usage.completion_tokens);
-        sleep(duration(self.rep.latency().decode_ms(tokens))).await;
+        pause(self.rep.latency().decode_ms(tokens)).await;
         self.rep.stats.generation_tokens.fetch_add(tokens, Relaxed);
         if self.die_at.is_some() {
             if let Some(kill) = kill {

@@ -65,6 +65,18 @@ pub fn duration(ms: f64) -> Duration {
     }
 }
 
+/// Delays under this are not slept: the timer wheel rounds any sleep up to a
+/// millisecond, which would cap a "free" replica at ~1000 requests/s.
+const MIN_SLEEP: Duration = Duration::from_micros(50);
+
+/// Sleeps for `ms`, or not at all when that is below timer resolution.
+pub async fn pause(ms: f64) {
+    let d = duration(ms);
+    if d >= MIN_SLEEP {
+        tokio::time::sleep(d).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

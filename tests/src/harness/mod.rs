@@ -168,7 +168,7 @@ impl Lab {
                 .arg(free_port().to_string()),
             dir.path(),
         );
-        let lab = Lab {
+        let mut lab = Lab {
             envoy: format!("http://{listen}"),
             envoy_admin: format!("http://{envoy_admin}"),
             admin: format!("http://{admin}"),
@@ -182,8 +182,15 @@ impl Lab {
             engine,
             _dir: dir,
         };
+        let control = format!("{}/replicas", lab.control);
+        let engine = &mut lab.engine;
         wait_until("engines", Duration::from_secs(20), || {
-            http_ok(&format!("{}/replicas", lab.control))
+            assert!(
+                !engine.exited(),
+                "the engine exited:\n{}",
+                engine.log_tail(30)
+            );
+            http_ok(&control)
         });
         lab.wait_router_ready();
         wait_until("envoy", Duration::from_secs(30), || {
@@ -204,9 +211,12 @@ impl Lab {
         )
     }
 
-    pub fn wait_router_ready(&self) {
+    pub fn wait_router_ready(&mut self) {
+        let url = format!("{}/ready", self.admin);
+        let proc = &mut self.fleetroute;
         wait_until("fleetroute ready", Duration::from_secs(20), || {
-            http_ok(&format!("{}/ready", self.admin))
+            assert!(!proc.exited(), "fleetroute exited:\n{}", proc.log_tail(30));
+            http_ok(&url)
         });
     }
 

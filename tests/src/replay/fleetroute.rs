@@ -135,6 +135,9 @@ impl SimRouter for Fleetroute {
             fleet: d.fleet,
             replica,
             key_source: "content",
+            arm: "none",
+            shadow: None,
+            prompt_tokens: req.input_tokens,
             blocks: key.blocks,
             block_tokens: self.block_tokens,
             predicted_cached_tokens: d.cached_tokens,
@@ -185,6 +188,7 @@ impl SimRouter for Fleetroute {
             predicted_cached_tokens: l.predicted,
             uncached_tokens: l.uncached,
             queued_tokens: l.queued,
+            arm: fleetroute::route::experiment::Arm::None,
             stream: true,
             ended_early: false,
         };

@@ -68,9 +68,8 @@ fn world() -> impl Strategy<Value = World> {
 }
 
 fn snapshot(policy: &str, w: &World) -> (Snapshot, Vec<RequestGuard>) {
-    let topo = Arc::new(Topology::build(&config(policy), 1, |_, _| {
-        Default::default()
-    }));
+    let cfg = config(policy);
+    let topo = Arc::new(Topology::build(&cfg, 1, |_, _| Default::default()));
     let mut guards = Vec::new();
     for (f, fleet) in topo.fleets.iter().enumerate() {
         for (r, rep) in fleet.replicas.iter().enumerate() {
@@ -109,8 +108,12 @@ fn snapshot(policy: &str, w: &World) -> (Snapshot, Vec<RequestGuard>) {
                     ..Default::default()
                 },
                 spilling: w.spilling[f],
+                utilisation: 0.0,
+                desired_replicas: 3,
             })
             .collect(),
+        stages: vec![vec![Default::default(); 4]],
+        config: Arc::new(cfg),
         topo,
     };
     (snap, guards)

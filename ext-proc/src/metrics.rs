@@ -1,0 +1,280 @@
+//! The Prometheus metrics of `/metrics`: typed, registered once, labelled only
+//! by names from the config (stage, fleet, replica address) and small fixed
+//! sets (class, kind, state, source, result), so cardinality stays bounded.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::{Family, MetricConstructor};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageFleet {
+    pub stage: String,
+    pub fleet: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageFleetArm {
+    pub stage: String,
+    pub fleet: String,
+    /// `none` outside an A/B test, else `control` or `variant`.
+    pub arm: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Outcome {
+    pub stage: String,
+    pub fleet: String,
+    pub arm: String,
+    /// ok | client_error | server_error | ended_early | no_response
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Tokens {
+    pub stage: String,
+    pub fleet: String,
+    /// prompt | completion | cached (engine-reported) | predicted_cached
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HitRate {
+    pub stage: String,
+    pub fleet: String,
+    /// predicted (the router's prefix index) | engine (reported cached tokens)
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Rejected {
+    pub stage: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FleetLabel {
+    pub fleet: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReplicaStates {
+    pub fleet: String,
+    /// ready | unhealthy | warming | ejected | draining | unknown
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Replica {
+    pub fleet: String,
+    pub replica: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone)]
+pub struct Buckets(fn() -> Histogram);
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        (self.0)()
+    }
+}
+
+fn seconds() -> Histogram {
+    // 5 ms to ~164 s.
+    Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+type GaugeF = Gauge<f64, AtomicU64>;
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: Family<StageFleetArm, Counter>,
+    pub responses: Family<Outcome, Counter>,
+    pub rejected: Family<Rejected, Counter>,
+    pub shadowed: Family<StageFleet, Counter>,
+    pub ttft: Family<StageFleet, Histogram, Buckets>,
+    pub duration: Family<StageFleet, Histogram, Buckets>,
+    pub tokens: Family<Tokens, Counter>,
+    pub traffic_share: Family<StageFleet, GaugeF>,
+    pub hit_rate: Family<HitRate, GaugeF>,
+    pub cost_gpu_hour: Family<FleetLabel, GaugeF>,
+    pub cost_mtok: Family<FleetLabel, GaugeF>,
+    pub tokens_per_sec: Family<FleetLabel, GaugeF>,
+    pub replicas: Family<ReplicaStates, Gauge>,
+    pub utilisation: Family<FleetLabel, GaugeF>,
+    pub saturated: Family<FleetLabel, Gauge>,
+    pub desired: Family<FleetLabel, Gauge>,
+    pub inflight: Family<Replica, Gauge>,
+    pub queued_tokens: Family<Replica, Gauge>,
+    pub reloads: Family<ResultLabel, Counter>,
+    pub admin_changes: Counter,
+    pub events_dropped: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut r = Registry::with_prefix("fleetroute");
+        let m = Metrics {
+            requests: Family::default(),
+            responses: Family::default(),
+            rejected: Family::default(),
+            shadowed: Family::default(),
+            ttft: Family::new_with_constructor(Buckets(seconds)),
+            duration: Family::new_with_constructor(Buckets(seconds)),
+            tokens: Family::default(),
+            traffic_share: Family::default(),
+            hit_rate: Family::default(),
+            cost_gpu_hour: Family::default(),
+            cost_mtok: Family::default(),
+            tokens_per_sec: Family::default(),
+            replicas: Family::default(),
+            utilisation: Family::default(),
+            saturated: Family::default(),
+            desired: Family::default(),
+            inflight: Family::default(),
+            queued_tokens: Family::default(),
+            reloads: Family::default(),
+            admin_changes: Counter::default(),
+            events_dropped: Counter::default(),
+            registry: Registry::default(),
+        };
+        r.register(
+            "requests",
+            "Requests routed, by stage, fleet and A/B arm",
+            m.requests.clone(),
+        );
+        r.register(
+            "responses",
+            "Responses observed, by outcome class",
+            m.responses.clone(),
+        );
+        r.register(
+            "rejected",
+            "Requests answered by fleetroute with an error, by reason",
+            m.rejected.clone(),
+        );
+        r.register(
+            "shadow_requests",
+            "Requests mirrored to a shadow fleet (never served to clients)",
+            m.shadowed.clone(),
+        );
+        r.register(
+            "time_to_first_token_seconds",
+            "Time to first token of streamed responses",
+            m.ttft.clone(),
+        );
+        r.register(
+            "request_duration_seconds",
+            "Time from routing to the end of the response",
+            m.duration.clone(),
+        );
+        r.register(
+            "tokens",
+            "Tokens by kind: prompt, completion, cached (engine-reported), predicted_cached",
+            m.tokens.clone(),
+        );
+        r.register(
+            "traffic_share",
+            "Share of the stage's routed requests (decaying, ~30 s)",
+            m.traffic_share.clone(),
+        );
+        r.register(
+            "kv_cache_hit_rate",
+            "Prompt tokens served from KV cache, predicted and engine-reported (decaying, ~30 s)",
+            m.hit_rate.clone(),
+        );
+        r.register(
+            "cost_usd_per_gpu_hour",
+            "Configured price per GPU-hour",
+            m.cost_gpu_hour.clone(),
+        );
+        r.register(
+            "cost_usd_per_million_tokens",
+            "Provider price, or GPU-hour price over measured throughput",
+            m.cost_mtok.clone(),
+        );
+        r.register(
+            "fleet_tokens_per_second",
+            "Tokens (prompt + completion) the fleet served per second over the alarms window",
+            m.tokens_per_sec.clone(),
+        );
+        r.register("replicas", "Replicas by state", m.replicas.clone());
+        r.register(
+            "fleet_utilisation",
+            "Highest of in-flight, queue and KV-usage ratios to capacity",
+            m.utilisation.clone(),
+        );
+        r.register(
+            "fleet_saturated",
+            "1 while the fleet is saturated (priority spills past it)",
+            m.saturated.clone(),
+        );
+        r.register(
+            "desired_replicas",
+            "Replicas the fleet should run, for an autoscaler",
+            m.desired.clone(),
+        );
+        r.register(
+            "replica_inflight",
+            "Requests in flight per replica",
+            m.inflight.clone(),
+        );
+        r.register(
+            "replica_queued_tokens",
+            "Prefill tokens routed and not yet answered, per replica",
+            m.queued_tokens.clone(),
+        );
+        r.register(
+            "config_reloads",
+            "Config reloads by result",
+            m.reloads.clone(),
+        );
+        r.register(
+            "admin_changes",
+            "Changes applied through the admin API",
+            m.admin_changes.clone(),
+        );
+        r.register(
+            "events_dropped",
+            "State events dropped because the writer was behind",
+            m.events_dropped.clone(),
+        );
+        Metrics { registry: r, ..m }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("encode to string");
+        out
+    }
+
+    /// Forgets series of fleets and stages that left the config.
+    pub fn clear_config_series(&self) {
+        self.traffic_share.clear();
+        self.hit_rate.clear();
+        self.cost_gpu_hour.clear();
+        self.cost_mtok.clear();
+        self.tokens_per_sec.clear();
+        self.replicas.clear();
+        self.utilisation.clear();
+        self.saturated.clear();
+        self.desired.clear();
+        self.inflight.clear();
+        self.queued_tokens.clear();
+    }
+}

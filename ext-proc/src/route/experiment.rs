@@ -1,0 +1,72 @@
+//! Experiments on the chosen fleet: an A/B test re-samples requests the
+//! policy sent to the control fleet among control and variants; a shadow
+//! mirrors a share of requests to another fleet. Both draw from the sampling
+//! key (a user stays in one arm while the test is unchanged) with their own
+//! seeds, so arms, shadow and replica choice are independent.
+
+use super::eligible::Candidates;
+use super::rendezvous::unit;
+use crate::state::Snapshot;
+use crate::topology::Stage;
+
+const AB_SEED: u64 = 0xab_7e57;
+const SHADOW_SEED: u64 = 0x5_4ad0;
+
+/// The A/B arm a request landed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// No test, or the policy chose a fleet outside it.
+    None,
+    Control,
+    Variant,
+}
+
+impl Arm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arm::None => "none",
+            Arm::Control => "control",
+            Arm::Variant => "variant",
+        }
+    }
+
+    pub fn parse(s: &str) -> Arm {
+        match s {
+            "control" => Arm::Control,
+            "variant" => Arm::Variant,
+            _ => Arm::None,
+        }
+    }
+}
+
+/// Re-samples a choice of the control fleet. `chosen` indexes
+/// `candidates.fleets`; a variant without a ready replica keeps the request
+/// on control.
+pub fn ab(stage: &Stage, candidates: &Candidates, chosen: usize, key: u64) -> (usize, Arm) {
+    let Some((control, variants)) = &stage.experiment.ab else {
+        return (chosen, Arm::None);
+    };
+    if candidates.fleets[chosen].fleet != *control {
+        return (chosen, Arm::None);
+    }
+    let draw = unit(key, AB_SEED) * 100.0;
+    let mut upto = 0.0;
+    for &(fleet, percent) in variants {
+        upto += percent;
+        if draw < upto {
+            return match candidates.fleets.iter().position(|c| c.fleet == fleet) {
+                Some(i) => (i, Arm::Variant),
+                None => (chosen, Arm::Control),
+            };
+        }
+    }
+    (chosen, Arm::Control)
+}
+
+/// The shadow fleet this request is mirrored to, if it is sampled and the
+/// shadow fleet has a ready replica.
+pub fn shadow(stage: &Stage, snap: &Snapshot, key: u64) -> Option<usize> {
+    let (fleet, percent) = stage.experiment.shadow?;
+    let sampled = unit(key, SHADOW_SEED) * 100.0 < percent;
+    (sampled && snap.replicas[fleet].iter().any(|r| r.ready())).then_some(fleet)
+}

@@ -1,0 +1,168 @@
+//! Autoscaling signals: how many replicas each fleet should run, within the
+//! fleet's host bounds and the stage's replica range, for an autoscaler (HPA,
+//! KEDA) to act on.
+//!
+//! A fleet's need, in replicas, is the highest of
+//! - busy: requests in flight / `capacity.max_inflight`,
+//! - queue: requests waiting (engine-reported, or routed and not yet
+//!   answering beyond one per replica) / `scaling.target_queue`,
+//! - throughput: tokens per second / `scaling.target_tokens_per_sec`.
+//!
+//! A stage's need is the sum over its fleets. With the priority policy it is
+//! allocated in fill order: the base fleet takes it up to its maximum, and the
+//! next fleet grows only with what is left, or with what a saturated base
+//! cannot take yet (it only covers what its ready replicas serve now). So the
+//! base scales first and the burst fleet shrinks first. Other policies keep
+//! each fleet's own need. Either way the stage's total stays in its range.
+
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Signal {
+    pub ready: u32,
+    pub inflight: f64,
+    pub max_inflight: f64,
+    pub waiting: f64,
+    pub target_queue: f64,
+    pub tokens_per_sec: f64,
+    pub target_tokens_per_sec: Option<f64>,
+    pub min: u32,
+    pub max: u32,
+    pub saturated: bool,
+}
+
+impl Signal {
+    /// Replicas' worth of work (fractional).
+    pub fn need(&self) -> f64 {
+        let busy = self.inflight / self.max_inflight.max(1.0);
+        let queue = self.waiting / self.target_queue.max(f64::MIN_POSITIVE);
+        let throughput = self
+            .target_tokens_per_sec
+            .map_or(0.0, |t| self.tokens_per_sec / t);
+        busy.max(queue).max(throughput)
+    }
+}
+
+fn clamp(v: u32, min: u32, max: u32) -> u32 {
+    v.max(min).min(max.max(min))
+}
+
+/// Desired replicas for a stage's fleets, `fleets` in fill order.
+pub fn allocate(fleets: &[Signal], priority: bool, stage_min: u32, stage_max: u32) -> Vec<u32> {
+    if priority {
+        let need: f64 = fleets.iter().map(Signal::need).sum();
+        let mut remaining = clamp(need.ceil() as u32, stage_min, stage_max);
+        return fleets
+            .iter()
+            .map(|f| {
+                let alloc = clamp(remaining, f.min, f.max);
+                let covers = if f.saturated {
+                    alloc.min(f.ready)
+                } else {
+                    alloc
+                };
+                remaining = remaining.saturating_sub(covers);
+                alloc
+            })
+            .collect();
+    }
+    let mut out: Vec<u32> = fleets
+        .iter()
+        .map(|f| clamp(f.need().ceil() as u32, f.min, f.max))
+        .collect();
+    let mut total: u32 = out.iter().sum();
+    for (i, f) in fleets.iter().enumerate().rev() {
+        while total > stage_max && out[i] > f.min {
+            out[i] -= 1;
+            total -= 1;
+        }
+    }
+    for (i, f) in fleets.iter().enumerate() {
+        while total < stage_min && out[i] < f.max {
+            out[i] += 1;
+            total += 1;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fleet(inflight: f64, min: u32, max: u32, ready: u32, saturated: bool) -> Signal {
+        Signal {
+            ready,
+            inflight,
+            max_inflight: 4.0,
+            target_queue: 4.0,
+            min,
+            max,
+            saturated,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn priority_scales_the_base_first_and_shrinks_the_burst_first() {
+        // Demand in replicas: 1, 3, 5, 7, 5, 3, 1 over base [1, 4] and burst [0, 4].
+        let mut seen = Vec::new();
+        for need in [1.0, 3.0, 5.0, 7.0, 5.0, 3.0, 1.0] {
+            let base = fleet(need * 4.0, 1, 4, 4, false);
+            let burst = fleet(0.0, 0, 4, 0, false);
+            seen.push(allocate(&[base, burst], true, 1, 8));
+        }
+        assert_eq!(
+            seen,
+            vec![
+                vec![1, 0],
+                vec![3, 0],
+                vec![4, 1],
+                vec![4, 3],
+                vec![4, 1],
+                vec![3, 0],
+                vec![1, 0]
+            ]
+        );
+    }
+
+    #[test]
+    fn a_saturated_base_that_cannot_grow_yet_sends_the_overflow_to_burst() {
+        // Need 3 replicas; the base may grow to 4 but serves with 1 ready now.
+        let base = fleet(12.0, 1, 4, 1, true);
+        let burst = fleet(0.0, 0, 4, 0, false);
+        assert_eq!(allocate(&[base, burst], true, 0, 8), vec![3, 2]);
+        // Once its replicas are up it is not saturated: burst goes back to 0.
+        let base = fleet(12.0, 1, 4, 3, false);
+        assert_eq!(allocate(&[base, burst], true, 0, 8), vec![3, 0]);
+    }
+
+    #[test]
+    fn bounds_hold() {
+        let a = fleet(40.0, 0, 4, 4, false);
+        let b = fleet(40.0, 0, 4, 4, false);
+        assert_eq!(
+            allocate(&[a, b], false, 0, 6),
+            vec![4, 2],
+            "stage max trims the last fleet first"
+        );
+        let idle = fleet(0.0, 0, 4, 4, false);
+        assert_eq!(
+            allocate(&[idle, idle], false, 2, 8),
+            vec![2, 0],
+            "stage min fills the first fleet first"
+        );
+        let q = Signal {
+            waiting: 10.0,
+            target_queue: 2.0,
+            max: 9,
+            ..Default::default()
+        };
+        assert_eq!(allocate(&[q], false, 0, 100), vec![5]);
+        let t = Signal {
+            tokens_per_sec: 9000.0,
+            target_tokens_per_sec: Some(2000.0),
+            max: 9,
+            ..Default::default()
+        };
+        assert_eq!(allocate(&[t], false, 0, 100), vec![5]);
+    }
+}
