@@ -214,6 +214,27 @@ mod tests {
         );
     }
 
+    /// The template strips every internal request header before upstream,
+    /// except the shadow header its mirror policy still needs.
+    #[test]
+    fn the_template_strips_every_internal_header() {
+        let doc: Value = serde_yaml::from_str(TEMPLATE).unwrap();
+        let removed = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+            ["route_config"]["request_headers_to_remove"];
+        let removed: Vec<&str> = removed
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        for h in fleetroute_filter::contract::REQUEST_HEADERS {
+            if *h != fleetroute_filter::contract::SHADOW {
+                assert!(removed.contains(h), "{h} reaches the upstream");
+            }
+        }
+        assert!(removed.contains(&fleetroute_filter::contract::OVERRIDE_HOST_HEADER));
+    }
+
     /// The container demo's Envoy config is the rendering of its router config.
     #[test]
     fn docker_files_agree() {

@@ -270,11 +270,17 @@ fn main() -> ExitCode {
                     weight,
                     admin,
                 },
-        } => change(
-            &admin,
-            "/v1/split",
-            json!({ "stage": stage, "fleet": fleet, "weight": weight }),
-        ),
+        } => {
+            if !(weight.is_finite() && weight >= 0.0) {
+                eprintln!("fleetroute: weight {weight} must be finite and >= 0");
+                return ExitCode::from(2);
+            }
+            change(
+                &admin,
+                "/v1/split",
+                json!({ "stage": stage, "fleet": fleet, "weight": weight }),
+            )
+        }
         Command::Fleet {
             cmd:
                 FleetCmd::Scale {

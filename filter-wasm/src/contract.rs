@@ -41,8 +41,9 @@ pub const SHADOW: &str = "x-fleetroute-shadow";
 // Added by the Envoy route to responses, read by ext-proc, stripped by the filter.
 pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
 
-/// Every request header the contract defines; the Envoy route removes these
-/// before upstream (its `request_headers_to_remove` must list them all).
+/// Every request header the contract defines. The Envoy route removes all of
+/// them before upstream (`request_headers_to_remove`) except [`SHADOW`], which
+/// its mirror policy reads after that removal; it only ever names a fleet.
 pub const REQUEST_HEADERS: &[&str] = &[
     MODEL,
     KEY,

@@ -40,6 +40,7 @@ fn lab(router: &str, fail_closed: bool) -> Lab {
             router,
             engine_args: FAST,
             fail_closed,
+            ..Default::default()
         },
     )
 }

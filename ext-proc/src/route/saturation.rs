@@ -32,8 +32,12 @@ pub fn utilisation(fleet: &Fleet, ready: &[usize]) -> f64 {
     by_inflight.max(by_queue).max(by_kv)
 }
 
-/// The hysteresis: `was` is the previous state.
+/// The hysteresis: `was` is the previous state. A fleet with no ready replica
+/// is not a candidate at all, so it is not "saturated" either.
 pub fn spilling(fleet: &Fleet, ready: &[usize], was: bool, resume_below: f64) -> bool {
+    if ready.is_empty() {
+        return false;
+    }
     let u = utilisation(fleet, ready);
     if was { u > resume_below } else { u >= 1.0 }
 }

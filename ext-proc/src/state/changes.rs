@@ -114,8 +114,11 @@ impl Writer {
                 let s = stage_index(&cfg, &stage)?;
                 let old = std::mem::replace(&mut cfg.stages[s].experiment, experiment.clone());
                 self.commit(cfg)?;
+                let show = |e: &ExperimentConfig| serde_json::to_string(e).unwrap_or_default();
                 Ok(format!(
-                    "stage '{stage}': experiment {old:?} -> {experiment:?}"
+                    "stage '{stage}': experiment {} -> {}",
+                    show(&old),
+                    show(&experiment)
                 ))
             }
             Change::Drain { replica, drain } => {

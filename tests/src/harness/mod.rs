@@ -47,6 +47,8 @@ pub struct LabSpec<'a> {
     pub router: &'a str,
     pub engine_args: &'a [&'a str],
     pub fail_closed: bool,
+    /// Token for admin API changes (none: read-only).
+    pub admin_token: Option<&'a str>,
 }
 
 pub struct Lab {
@@ -59,6 +61,7 @@ pub struct Lab {
     pub router_path: PathBuf,
     pub bins: Binaries,
     grpc: String,
+    admin_token: Option<String>,
     pub fleetroute: Proc,
     pub envoy_proc: Proc,
     pub engine: Proc,
@@ -157,8 +160,15 @@ impl Lab {
         );
         std::fs::write(&envoy_yaml, &out.stdout).expect("write envoy config");
 
-        let fleetroute =
-            Self::spawn_fleetroute(&bins.fleetroute, &router_path, &grpc, &admin, dir.path());
+        let admin_token = spec.admin_token.map(str::to_string);
+        let fleetroute = Self::spawn_fleetroute(
+            &bins.fleetroute,
+            &router_path,
+            &grpc,
+            &admin,
+            admin_token.as_deref(),
+            dir.path(),
+        );
         let envoy_proc = Proc::spawn(
             "envoy",
             Command::new("envoy")
@@ -177,6 +187,7 @@ impl Lab {
             router_path,
             bins,
             grpc,
+            admin_token,
             fleetroute,
             envoy_proc,
             engine,
@@ -199,16 +210,24 @@ impl Lab {
         lab
     }
 
-    fn spawn_fleetroute(bin: &Path, router: &Path, grpc: &str, admin: &str, dir: &Path) -> Proc {
-        Proc::spawn(
-            "fleetroute",
-            Command::new(bin)
-                .args(["serve", "--config"])
-                .arg(router)
-                .args(["--grpc", grpc, "--admin", admin])
-                .env("RUST_LOG", "info"),
-            dir,
-        )
+    fn spawn_fleetroute(
+        bin: &Path,
+        router: &Path,
+        grpc: &str,
+        admin: &str,
+        token: Option<&str>,
+        dir: &Path,
+    ) -> Proc {
+        let mut cmd = Command::new(bin);
+        cmd.args(["serve", "--config"])
+            .arg(router)
+            .args(["--grpc", grpc, "--admin", admin])
+            .env("RUST_LOG", "info")
+            .env_remove("FLEETROUTE_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.args(["--admin-token", t]);
+        }
+        Proc::spawn("fleetroute", &mut cmd, dir)
     }
 
     pub fn wait_router_ready(&mut self) {
@@ -232,9 +251,28 @@ impl Lab {
             &self.router_path,
             &self.grpc,
             self.admin.trim_start_matches("http://"),
+            self.admin_token.as_deref(),
             self._dir.path(),
         );
         self.wait_router_ready();
+    }
+
+    /// Runs the fleetroute CLI against this lab's admin API; returns
+    /// (success, stdout, stderr).
+    pub fn cli(&self, args: &[&str], token: Option<&str>) -> (bool, String, String) {
+        let mut cmd = Command::new(&self.bins.fleetroute);
+        cmd.args(args)
+            .env("FLEETROUTE_ADMIN", self.admin.trim_start_matches("http://"))
+            .env_remove("FLEETROUTE_ADMIN_TOKEN");
+        if let Some(t) = token {
+            cmd.env("FLEETROUTE_ADMIN_TOKEN", t);
+        }
+        let out = cmd.output().expect("run the fleetroute CLI");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// The replica name serving at `addr`.
