@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # Proxy overhead benchmark, on loopback. Measures requests/s and p50/p99
-# latency of three setups in front of the same simulated engine replicas
+# latency of four setups in front of the same simulated engine replicas
 # (4 replicas in 2 fleets, like the demo):
 #   1. plain Envoy      listener -> one fleet cluster, round robin
 #   2. Envoy + filter   the same plus the Wasm filter (no ext_proc)
-#   3. full chain       the bootstrap `fleetroute bootstrap` renders, with
+#   3. routing only     the full chain without the observing ext_proc filter:
+#                       what observing every response costs (without it the
+#                       router never learns load, so this is a cost
+#                       measurement, not a setup to run)
+#   4. full chain       the bootstrap `fleetroute bootstrap` renders, with
 #                       `fleetroute serve` making real (weighted) decisions
 # The engine is told to answer at once (max_tokens 1, next to no prefill or
 # decode time) so that the proxy is the bottleneck; one replica is measured
 # alone first, and a warning says when plain Envoy gets close to that ceiling.
-# Envoy runs with one worker in all three setups.
+# Envoy runs with one worker in every setup.
 #
 #   PROFILE=release scripts/build.sh
 #   DURATION=15 scripts/bench-proxy.sh      # seconds measured per setup
@@ -76,7 +80,7 @@ wait_http() { # wait_http WHAT URL
 # All sockets are held open at once so the ports are distinct.
 read -r -a ports < <(python3 - << 'PY'
 import socket
-socks = [socket.socket() for _ in range(13)]
+socks = [socket.socket() for _ in range(15)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -89,6 +93,7 @@ control=${ports[4]} grpc=${ports[5]} admin=${ports[6]}
 listen_plain=${ports[7]} admin_plain=${ports[8]}
 listen_filter=${ports[9]} admin_filter=${ports[10]}
 listen_full=${ports[11]} admin_full=${ports[12]}
+listen_route=${ports[13]} admin_route=${ports[14]}
 
 # --- router config: the demo's, on this run's replica ports ------------------
 python3 - envoy-config/router.yaml "$run/router.yaml" \
@@ -185,12 +190,26 @@ yaml.safe_dump(plain, open(out_path, "w"), sort_keys=False)
 PY
 
 # Reject a broken config before starting anything that depends on it.
-for setup in plain filter full; do
+# 2b. routing only: the full chain without the observing ext_proc filter, to
+# measure what observing every response costs.
+python3 - "$run/full.yaml" "$run/route.yaml" "$admin_route" "$listen_route" << 'PY'
+import sys, yaml
+full_path, out_path, admin, listen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+doc = yaml.safe_load(open(full_path))
+doc["admin"]["address"]["socket_address"]["port_value"] = admin
+listener = doc["static_resources"]["listeners"][0]
+listener["address"]["socket_address"]["port_value"] = listen
+hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+hcm["http_filters"] = [f for f in hcm["http_filters"] if not f.get("typed_config", {}).get("observability_mode")]
+yaml.safe_dump(doc, open(out_path, "w"), sort_keys=False)
+PY
+
+for setup in plain filter route full; do
   envoy --mode validate -c "$run/$setup.yaml" --disable-hot-restart --log-level warn \
     > "$run/validate-$setup.log" 2>&1 \
     || { echo "envoy --mode validate rejected $run/$setup.yaml:" >&2; cat "$run/validate-$setup.log" >&2; exit 1; }
 done
-echo "==> envoy configs valid: plain, filter, full"
+echo "==> envoy configs valid: plain, filter, route, full"
 
 # --- measuring -----------------------------------------------------------------
 # cpu_snapshot NAME=PID...: "name=ticks ..." of CPU time (user + system) used
@@ -274,17 +293,17 @@ read -r engine_rps engine_p50 engine_p99 < <(to_numbers "$(run_wrk "engine" "$DU
 echo "    $engine_rps req/s, p50 $engine_p50 ms, p99 $engine_p99 ms"
 
 declare -A rps p50 p99 served cpu
-order=(plain filter full)
-declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [full]="full chain (filter + ext_proc)")
-declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [full]=$listen_full)
-declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [full]=$admin_full)
+order=(plain filter route full)
+declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observer)" [full]="full chain (filter + routing + observing ext_proc)")
+declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full)
+declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full)
 fell_open=0
 
 for setup in "${order[@]}"; do
   echo "==> ${title[$setup]}"
   fr_pid=
-  if [ "$setup" = full ]; then
-    # Only the full chain asks fleetroute; it stays off during the other runs
+  if [ "$setup" = full ] || [ "$setup" = route ]; then
+    # Only the chains that ask fleetroute run it; it stays off during the other runs
     # so it takes no CPU from them. Ready = every replica probed.
     RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config "$run/router.yaml" \
       --grpc "127.0.0.1:$grpc" --admin "127.0.0.1:$admin" > "$run/fleetroute.log" 2>&1 &

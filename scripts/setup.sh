@@ -25,3 +25,19 @@ if ! envoy --version 2>/dev/null | grep -q '/1\.40\.0/'; then
   hash -r
 fi
 envoy --version | grep -q '/1\.40\.0/' || { echo "envoy 1.40.0 is not on PATH after install" >&2; exit 1; }
+
+# Prometheus, for the dashboard test (tests/tests/dashboard.rs): only the
+# binary is needed, the test starts and stops its own instance.
+if ! command -v prometheus >/dev/null; then
+  say "installing Prometheus (Debian package prometheus)"
+  as_root=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then as_root=sudo; fi
+  $as_root apt-get update
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends prometheus
+  # The package starts a system-wide service where systemd runs: not wanted.
+  if [ -d /run/systemd/system ]; then
+    $as_root systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  fi
+  hash -r
+fi
+command -v prometheus >/dev/null || { echo "prometheus is not on PATH after install" >&2; exit 1; }

@@ -263,6 +263,72 @@ impl Metrics {
         out
     }
 
+    /// Creates every counter series the config can produce, at zero, so the
+    /// first event of each shows in `rate()` and `increase()` (a series that
+    /// appears already at 1 does not).
+    pub fn prime(&self, topo: &crate::topology::Topology) {
+        for result in ["applied", "refused"] {
+            drop(self.reloads.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        for reason in ["model_required", "model_not_found"] {
+            drop(self.rejected.get_or_create(&Rejected {
+                stage: String::new(),
+                reason: reason.into(),
+            }));
+        }
+        for stage in &topo.stages {
+            for reason in [
+                "no_ready_replica",
+                "residency_unsatisfiable",
+                "no_acceptable_fleet",
+            ] {
+                drop(self.rejected.get_or_create(&Rejected {
+                    stage: stage.name.clone(),
+                    reason: reason.into(),
+                }));
+            }
+            let arms: &[&str] = if stage.experiment.ab.is_some() {
+                &["none", "control", "variant"]
+            } else {
+                &["none"]
+            };
+            for &f in &stage.fleets {
+                let fleet = topo.fleets[f].name.clone();
+                for arm in arms {
+                    let sfa = StageFleetArm {
+                        stage: stage.name.clone(),
+                        fleet: fleet.clone(),
+                        arm: arm.to_string(),
+                    };
+                    drop(self.requests.get_or_create(&sfa));
+                    for class in [
+                        "ok",
+                        "client_error",
+                        "server_error",
+                        "ended_early",
+                        "no_response",
+                    ] {
+                        drop(self.responses.get_or_create(&Outcome {
+                            stage: stage.name.clone(),
+                            fleet: fleet.clone(),
+                            arm: arm.to_string(),
+                            class: class.into(),
+                        }));
+                    }
+                }
+            }
+            if let Some((f, _)) = stage.experiment.shadow {
+                let sf = StageFleet {
+                    stage: stage.name.clone(),
+                    fleet: topo.fleets[f].name.clone(),
+                };
+                drop(self.shadowed.get_or_create(&sf));
+            }
+        }
+    }
+
     /// Forgets series of fleets and stages that left the config.
     pub fn clear_config_series(&self) {
         self.traffic_share.clear();

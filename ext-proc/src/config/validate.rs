@@ -604,6 +604,18 @@ stages:
         }
     }
 
+    /// The reference config in README.md is a valid config.
+    #[test]
+    fn the_readme_reference_config_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("```yaml\nhealth_check:")
+            .expect("reference block")
+            + "```yaml\n".len();
+        let end = start + readme[start..].find("```").expect("block end");
+        assert_eq!(errors(&readme[start..end]), Vec::<String>::new());
+    }
+
     #[test]
     fn every_error_is_reported_at_once() {
         let yaml = GOOD

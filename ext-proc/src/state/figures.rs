@@ -31,6 +31,9 @@ pub struct FleetWindow {
     /// Decaying average of normalised TTFT, ms per 1000 effective tokens.
     latency: Option<f64>,
     latency_at: Option<Instant>,
+    /// The first sample ever: throughput is averaged over the whole window
+    /// once the fleet has been observed that long.
+    first: Option<Instant>,
 }
 
 /// What the decision path reads per fleet.
@@ -85,6 +88,7 @@ impl FleetWindow {
         if self.samples.len() == MAX_SAMPLES {
             self.samples.pop_front();
         }
+        self.first.get_or_insert(now);
         self.samples.push_back(Sample {
             at: now,
             ok,
@@ -118,8 +122,11 @@ impl FleetWindow {
         let p95 = (!ttfts.is_empty()).then(|| {
             ttfts[((ttfts.len() as f64 * 0.95).ceil() as usize).clamp(1, ttfts.len()) - 1]
         });
-        let span = self.samples.front().map_or(window, |s| {
-            now.duration_since(s.at)
+        // A fixed span (the window, or the time since the first sample if
+        // shorter): throughput falls to 0 as an idle fleet's samples age out,
+        // instead of rising as the span shrinks with them.
+        let span = self.first.map_or(window, |f| {
+            now.saturating_duration_since(f)
                 .max(Duration::from_secs(1))
                 .min(window)
         });
@@ -199,6 +206,7 @@ mod tests {
             None,
         );
         assert_eq!(later.samples, 0);
+        assert_eq!(later.tokens_per_sec, 0.0, "an idle fleet serves nothing");
         assert!(later.meets(&strict), "no samples, nothing against it");
     }
 

@@ -92,9 +92,15 @@ pub(super) fn gauges(w: &Writer) {
         {
             m.cost_gpu_hour.get_or_create(&label).set(p);
         }
-        if let Some(c) = fs.figures.usd_per_mtok {
-            m.cost_mtok.get_or_create(&label).set(c);
-        }
+        match fs.figures.usd_per_mtok {
+            Some(c) => m.cost_mtok.get_or_create(&label).set(c),
+            // Unknown again (an idle fleet priced by measured throughput): no
+            // series rather than a stale price.
+            None => {
+                m.cost_mtok.remove(&label);
+                0.0
+            }
+        };
         for state in [
             "ready",
             "unhealthy",

@@ -90,6 +90,7 @@ impl Writer {
             loads,
             dirty: false,
         };
+        shared.metrics.prime(&writer.topo);
         (shared, writer)
     }
 
@@ -476,6 +477,7 @@ impl Writer {
         self.accounting
             .retain(|s, f| pairs.contains(&(s.to_string(), f.to_string())));
         self.shared.metrics.clear_config_series();
+        self.shared.metrics.prime(&self.topo);
         tracing::info!(generation = self.topo.generation, "router config applied");
         self.dirty = true;
     }
