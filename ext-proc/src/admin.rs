@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
 use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
 
 use crate::config::{Bounds, ExperimentConfig, RoutingConfig};
 use crate::state::health::Health;
@@ -58,7 +59,9 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), Box<Response
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if given != Some(token.as_str()) {
+    // Constant time: the comparison does not reveal how much of a guess matched.
+    let matches = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
+    if !matches {
         return Err(Box::new(error(
             StatusCode::UNAUTHORIZED,
             "a valid admin token is required for changes",

@@ -329,8 +329,16 @@ impl Metrics {
         }
     }
 
-    /// Forgets series of fleets and stages that left the config.
+    /// Forgets every config-labelled series (counters restart from zero,
+    /// which Prometheus reads as a restart); used when names change.
     pub fn clear_config_series(&self) {
+        self.requests.clear();
+        self.responses.clear();
+        self.rejected.clear();
+        self.shadowed.clear();
+        self.ttft.clear();
+        self.duration.clear();
+        self.tokens.clear();
         self.traffic_share.clear();
         self.hit_rate.clear();
         self.cost_gpu_hour.clear();

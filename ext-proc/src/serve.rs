@@ -30,10 +30,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         RouterConfig::load(&opts.config).map_err(|e| format!("{}:\n{e}", opts.config.display()))?;
     let (shared, writer) = Writer::new(&cfg);
     tokio::spawn(writer.run());
-    tokio::spawn(crate::state::health::run_checks(
-        shared.clone(),
-        shared.events(),
-    ));
+    tokio::spawn(crate::state::health::run_checks(shared.clone()));
+    tokio::spawn(crate::state::health::run_warmups(shared.clone()));
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
     tokio::spawn(reload_on_sighup(shared.clone(), opts.config.clone()));
     tokio::spawn(reload_on_change(shared.clone(), opts.config.clone()));

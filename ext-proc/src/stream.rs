@@ -13,8 +13,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
 use crate::observe::Observer;
-use crate::route::{self, key::RouteKey, mutation};
-use crate::state::{Event, Routed, Shared};
+use crate::route::place::place;
+use crate::route::{key::RouteKey, mutation};
+use crate::state::Shared;
 
 pub struct Service {
     shared: Arc<Shared>,
@@ -35,36 +36,16 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     if key.key_source.is_none() && key.request_id.is_empty() {
         key.key = fastrand::u64(..);
     }
-    let snap = shared.snapshot();
-    let decision = match route::decide(&snap, &key, fastrand::u64(..)) {
-        Ok(d) => d,
-        Err(reject) => {
-            shared.emit(Event::Rejected {
-                stage: reject.stage().unwrap_or_default().to_string(),
-                reason: reject.code(),
-            });
-            return mutation::reject(&reject);
+    match place(shared, key, fastrand::u64(..)) {
+        Ok(p) => {
+            // The observing stream claims the load by this nonce, which only
+            // fleetroute writes (a client can send any x-request-id).
+            let nonce = fastrand::u64(..);
+            shared.hold_load(nonce, p.guard);
+            mutation::route(&p.snapshot.topo, &p.decision, nonce)
         }
-    };
-    let topo = &snap.topo;
-    let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
-    shared.hold_load(key.request_id, replica.load.start(decision.uncached_tokens));
-    let reply = mutation::route(topo, &decision);
-    shared.emit(Event::Routed(Box::new(Routed {
-        generation: topo.generation,
-        request_id: key.request_id.to_string(),
-        stage: decision.stage,
-        fleet: decision.fleet,
-        replica: decision.replicas[0],
-        key_source: key.key_source.map_or("none", |s| s.as_str()),
-        arm: decision.arm.as_str(),
-        shadow: decision.shadow,
-        prompt_tokens: u64::from(key.prompt_tokens),
-        blocks: key.blocks,
-        block_tokens: key.block_tokens,
-        predicted_cached_tokens: decision.cached_tokens,
-    })));
-    reply
+        Err(reject) => mutation::reject(&reject),
+    }
 }
 
 #[tonic::async_trait]
@@ -112,8 +93,9 @@ impl ExternalProcessor for Service {
                 let reply = match &msg.request {
                     Some(Request::RequestHeaders(h)) => route_request(&shared, h),
                     // The routing filter asks for request headers only; anything
-                    // else is answered so Envoy never waits on us.
-                    _ => mutation::pass(),
+                    // else is let through so Envoy never waits on us.
+                    Some(other) => mutation::continue_unchanged(other),
+                    None => continue,
                 };
                 if tx.send(Ok(reply)).await.is_err() {
                     break;

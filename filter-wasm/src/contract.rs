@@ -165,9 +165,10 @@ fn hex_digit(c: u8) -> Option<u8> {
 }
 
 /// The decision as ext-proc's observing stream reads it back from the request:
-/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>`
+/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>|<nonce>`
 /// (queued: prefill tokens already waiting on the replica when it was chosen;
-/// arm: `none`, `control` or `variant` of the stage's A/B test).
+/// arm: `none`, `control` or `variant` of the stage's A/B test; nonce: the
+/// decision's id, 16 hex digits, which the observer uses to find its load).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteTag<'a> {
     pub stage: &'a str,
@@ -177,19 +178,21 @@ pub struct RouteTag<'a> {
     pub uncached_tokens: u64,
     pub queued_tokens: u64,
     pub arm: &'a str,
+    pub nonce: u64,
 }
 
 impl<'a> RouteTag<'a> {
     pub fn encode(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}|{}|{}",
+            "{}|{}|{}|{}|{}|{}|{}|{:016x}",
             self.stage,
             self.fleet,
             self.replica,
             self.predicted_cached_tokens,
             self.uncached_tokens,
             self.queued_tokens,
-            self.arm
+            self.arm,
+            self.nonce
         )
     }
 
@@ -203,6 +206,7 @@ impl<'a> RouteTag<'a> {
             uncached_tokens: it.next()?.parse().ok()?,
             queued_tokens: it.next()?.parse().ok()?,
             arm: it.next()?,
+            nonce: decode_u64(it.next()?.as_bytes())?,
         };
         it.next().is_none().then_some(tag)
     }
@@ -238,9 +242,12 @@ mod tests {
 
     #[test]
     fn route_tag_rejects_extra_fields() {
-        assert!(RouteTag::decode("a|b|c|1|2|3|none|x").is_none());
-        assert!(RouteTag::decode("a|b|c|x|2|3|none").is_none());
-        assert!(RouteTag::decode("a|b|c|1|2|3").is_none());
+        let ok = "a|b|c|1|2|3|none|00000000000000ff";
+        assert_eq!(RouteTag::decode(ok).map(|t| t.nonce), Some(255));
+        assert!(RouteTag::decode(&format!("{ok}|x")).is_none());
+        assert!(RouteTag::decode("a|b|c|x|2|3|none|00000000000000ff").is_none());
+        assert!(RouteTag::decode("a|b|c|1|2|3|none|ff").is_none());
+        assert!(RouteTag::decode("a|b|c|1|2|3|none").is_none());
     }
 
     proptest! {
@@ -254,9 +261,9 @@ mod tests {
         #[test]
         fn route_tag_round_trips(stage in "[a-z/-]{1,20}", fleet in "[a-z-]{1,20}",
                                  replica in "[0-9.:]{1,21}", c in any::<u64>(), u in any::<u64>(), q in any::<u64>(),
-                                 arm in "none|control|variant") {
+                                 arm in "none|control|variant", nonce in any::<u64>()) {
             let tag = RouteTag { stage: &stage, fleet: &fleet, replica: &replica,
-                                 predicted_cached_tokens: c, uncached_tokens: u, queued_tokens: q, arm: &arm };
+                                 predicted_cached_tokens: c, uncached_tokens: u, queued_tokens: q, arm: &arm, nonce };
             let s = tag.encode();
             prop_assert_eq!(RouteTag::decode(&s), Some(tag));
         }

@@ -6,9 +6,12 @@ use crate::contract::{INTERNAL_PREFIX, OVERRIDE_HOST_HEADER};
 
 /// A header a client may never send: any internal header, and the host override.
 pub fn is_reserved_header(name: &str) -> bool {
-    let lower = name.len() >= INTERNAL_PREFIX.len()
-        && name[..INTERNAL_PREFIX.len()].eq_ignore_ascii_case(INTERNAL_PREFIX);
-    lower || name.eq_ignore_ascii_case(OVERRIDE_HOST_HEADER)
+    // Bytes, not a str slice: a header name need not end a char at the cut.
+    let internal = name
+        .as_bytes()
+        .get(..INTERNAL_PREFIX.len())
+        .is_some_and(|p| p.eq_ignore_ascii_case(INTERNAL_PREFIX.as_bytes()));
+    internal || name.eq_ignore_ascii_case(OVERRIDE_HOST_HEADER)
 }
 
 /// Whether a request's body should be read for routing.
@@ -88,6 +91,10 @@ mod tests {
         assert!(is_reserved_header("x-gateway-destination-endpoint"));
         assert!(!is_reserved_header("x-residency"));
         assert!(!is_reserved_header("x-fleet"));
+        assert!(
+            !is_reserved_header("x-fleetrouté-cluster"),
+            "no panic on a multi-byte cut"
+        );
     }
 
     #[test]

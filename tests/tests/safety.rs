@@ -58,7 +58,11 @@ fn clients_cannot_choose_cluster_or_host() {
         let honest = post(&url(&lab), chat_body("m1", Some(&user), "hi", false), &[]);
         let chosen = honest.served_by().to_string();
         let other = lab.replicas.keys().find(|n| **n != chosen).unwrap().clone();
-        let forged_route = format!("chat|burst|{}|0|0", lab.replicas[&other]);
+        // A well-formed tag, so only its removal keeps it from being believed.
+        let forged_route = format!(
+            "chat|burst|{}|0|0|0|none|0000000000000001",
+            lab.replicas[&other]
+        );
         for target in [
             lab.replicas[&other].as_str(),
             envoy_admin.as_str(),
@@ -211,7 +215,12 @@ fn a_stopped_router_fails_open() {
             &[],
         );
         assert_eq!(r.status, 200, "fail-open request {i}: {}", r.body);
-        assert!(lab.replica_name(&lab.replicas[r.served_by()]).is_some());
+        // The fail-open route sends the model's requests to its stage's first fleet.
+        assert!(
+            r.served_by().starts_with('b'),
+            "fail-open served by {}",
+            r.served_by()
+        );
     }
     lab.restart_router();
     let r = post(&url(&lab), chat_body("m1", Some("back"), "hi", false), &[]);

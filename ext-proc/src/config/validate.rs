@@ -8,6 +8,8 @@ use super::{ConfigError, PolicyKind, RouterConfig};
 
 /// Replicas per fleet; the prefix index keeps one bit per replica.
 pub const MAX_REPLICAS_PER_FLEET: usize = 64;
+/// Longest window or ejection a config may ask for.
+const MAX_SECONDS: u64 = 86_400;
 
 struct Errors(Vec<ConfigError>);
 
@@ -358,6 +360,39 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
                 "window_s and base_ejection_s must be >= 1 and max_ejection_s >= base_ejection_s",
             );
         }
+        for (field, v) in [
+            ("window_s", o.window_s),
+            ("max_ejection_s", o.max_ejection_s),
+        ] {
+            if v > MAX_SECONDS {
+                e.push(
+                    format!("{p}.outlier.{field}"),
+                    format!("{v} is more than a day ({MAX_SECONDS})"),
+                );
+            }
+        }
+        if a.window_s > MAX_SECONDS {
+            e.push(
+                format!("{p}.alarms.window_s"),
+                format!("{} is more than a day ({MAX_SECONDS})", a.window_s),
+            );
+        }
+        // The autoscaling signal keeps every fleet at its minimum: the minimums
+        // must fit in the stage's maximum.
+        if let Some(b) = s.replicas {
+            let mins: u32 = s
+                .fleets
+                .iter()
+                .filter_map(|n| cfg.fleets.iter().find(|f| &f.name == n))
+                .map(|f| f.hosts.map_or(f.endpoints.len() as u32, |h| h.min))
+                .sum();
+            if mins > b.max {
+                e.push(
+                    format!("{p}.replicas.max"),
+                    format!("{} is below the {mins} replicas its fleets' minimums (hosts.min, else their endpoints) add up to", b.max),
+                );
+            }
+        }
         let ex = &s.experiment;
         if let Some(ab) = &ex.ab {
             let ap = format!("{p}.experiment.ab");
@@ -448,6 +483,9 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
                     format!("{p}.warmup.path"),
                     format!("'{}' must start with '/'", w.path),
                 );
+            }
+            if w.timeout_ms == 0 {
+                e.push(format!("{p}.warmup.timeout_ms"), "must be at least 1");
             }
             for (j, g) in w.prompts.iter().enumerate() {
                 if !g.body.is_object() {
@@ -593,6 +631,23 @@ stages:
                     "replicas: { min: 7, max: 6 }",
                 ),
                 "stages[0].replicas: min 7 is above max 6",
+            ),
+            (
+                GOOD.replace(
+                    "replicas: { min: 2, max: 6 }",
+                    "replicas: { min: 0, max: 1 }",
+                ),
+                "stages[0].replicas.max: 1 is below the 2 replicas",
+            ),
+            (
+                format!("{GOOD}    outlier: {{ max_ejection_s: 100000 }}\n"),
+                "stages[0].outlier.max_ejection_s: 100000 is more than a day",
+            ),
+            (
+                format!(
+                    "{GOOD}    warmup: {{ timeout_ms: 0, prompts: [{{ body: {{ model: m }} }}] }}\n"
+                ),
+                "stages[0].warmup.timeout_ms: must be at least 1",
             ),
         ];
         for (yaml, want) in cases {

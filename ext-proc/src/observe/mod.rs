@@ -66,13 +66,10 @@ pub struct Observer {
 }
 
 fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    map.headers.iter().find(|h| h.key == name).map(|h| {
-        if h.raw_value.is_empty() {
-            h.value.as_str()
-        } else {
-            std::str::from_utf8(&h.raw_value).unwrap_or("")
-        }
-    })
+    map.headers
+        .iter()
+        .find(|h| h.key == name)
+        .map(crate::route::key::value)
 }
 
 impl Observer {
@@ -92,20 +89,19 @@ impl Observer {
     }
 
     pub fn on_request_headers(&mut self, map: &HeaderMap) {
-        if let Some(id) = header(map, "x-request-id") {
-            self.load = self.shared.claim_load(id);
-        }
-        self.route = header(map, contract::ROUTE)
-            .and_then(RouteTag::decode)
-            .map(|t| RouteInfo {
-                stage: t.stage.to_string(),
-                fleet: t.fleet.to_string(),
-                replica: t.replica.to_string(),
-                predicted: t.predicted_cached_tokens,
-                uncached: t.uncached_tokens,
-                queued: t.queued_tokens,
-                arm: Arm::parse(t.arm),
-            });
+        let Some(tag) = header(map, contract::ROUTE).and_then(RouteTag::decode) else {
+            return;
+        };
+        self.load = self.shared.claim_load(tag.nonce);
+        self.route = Some(tag).map(|t| RouteInfo {
+            stage: t.stage.to_string(),
+            fleet: t.fleet.to_string(),
+            replica: t.replica.to_string(),
+            predicted: t.predicted_cached_tokens,
+            uncached: t.uncached_tokens,
+            queued: t.queued_tokens,
+            arm: Arm::parse(t.arm),
+        });
     }
 
     pub fn on_response_headers(&mut self, map: &HeaderMap, end_of_stream: bool) {

@@ -20,8 +20,10 @@ pub struct PromptDetails {
 }
 
 impl Usage {
-    pub fn cached_tokens(&self) -> u64 {
-        self.prompt_tokens_details.map_or(0, |d| d.cached_tokens)
+    /// `None` when the engine does not report it (vLLM only does with
+    /// `--enable-prompt-tokens-details`): unknown, not zero.
+    pub fn cached_tokens(&self) -> Option<u64> {
+        self.prompt_tokens_details.map(|d| d.cached_tokens)
     }
 }
 
@@ -102,7 +104,8 @@ data: [DONE]\n\n";
             from_json(br#"{"id":"x","usage":{"prompt_tokens":5,"completion_tokens":1}}"#).unwrap();
         assert_eq!(
             (u.prompt_tokens, u.completion_tokens, u.cached_tokens()),
-            (5, 1, 0)
+            (5, 1, None),
+            "no prompt_tokens_details: cached tokens unknown, not zero"
         );
         assert!(from_json(b"{}").is_none());
         assert!(from_json(b"not json").is_none());
@@ -120,7 +123,7 @@ data: [DONE]\n\n";
                 start = c;
             }
             prop_assert!(r.done);
-            prop_assert_eq!(r.usage.map(|u| u.cached_tokens()), Some(32));
+            prop_assert_eq!(r.usage.and_then(|u| u.cached_tokens()), Some(32));
             prop_assert_eq!(r.events, 3);
         }
     }

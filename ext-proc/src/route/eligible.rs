@@ -7,13 +7,13 @@ use fleetroute_filter::contract::split_regions;
 use super::Reject;
 use super::key::RouteKey;
 use super::rendezvous::unit;
+use super::saturation;
 use crate::state::Snapshot;
 use crate::state::prefix_index::Matches;
 use crate::topology::Stage;
 
 #[derive(Debug)]
 pub struct Candidates {
-    pub stage: usize,
     /// Eligible fleets with at least one ready replica, in the stage's order.
     pub fleets: Vec<CandidateFleet>,
 }
@@ -27,6 +27,10 @@ pub struct CandidateFleet {
     pub best_unit: f64,
     /// The longest cached prefix any ready replica holds, in blocks.
     pub best_match: u16,
+    /// See `route::saturation`, over the ready replicas.
+    pub utilisation: f64,
+    /// The least prefill queued on any ready replica, in tokens.
+    pub min_queued: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -52,7 +56,6 @@ pub fn cached_tokens(matched: u16, key: &RouteKey<'_>) -> u64 {
 
 pub fn candidates(
     snap: &Snapshot,
-    stage_idx: usize,
     stage: &Stage,
     key: &RouteKey<'_>,
 ) -> Result<Candidates, Reject> {
@@ -101,11 +104,19 @@ pub fn candidates(
             })
             .collect();
         if !ready.is_empty() {
+            let utilisation = saturation::utilisation(fleet, ready.iter().map(|r| r.replica));
+            let min_queued = ready
+                .iter()
+                .map(|r| fleet.replicas[r.replica].load.pending_prefill())
+                .min()
+                .unwrap_or(0);
             fleets.push(CandidateFleet {
                 fleet: f,
                 ready,
                 best_unit,
                 best_match,
+                utilisation,
+                min_queued,
             });
         }
     }
@@ -121,8 +132,5 @@ pub fn candidates(
             residency: regions.join(","),
         });
     }
-    Ok(Candidates {
-        stage: stage_idx,
-        fleets,
-    })
+    Ok(Candidates { fleets })
 }

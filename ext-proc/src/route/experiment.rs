@@ -4,7 +4,10 @@
 //! key (a user stays in one arm while the test is unchanged) with their own
 //! seeds, so arms, shadow and replica choice are independent.
 
+use fleetroute_filter::contract::split_regions;
+
 use super::eligible::Candidates;
+use super::key::RouteKey;
 use super::rendezvous::unit;
 use crate::state::Snapshot;
 use crate::topology::Stage;
@@ -63,10 +66,15 @@ pub fn ab(stage: &Stage, candidates: &Candidates, chosen: usize, key: u64) -> (u
     (chosen, Arm::Control)
 }
 
-/// The shadow fleet this request is mirrored to, if it is sampled and the
-/// shadow fleet has a ready replica.
-pub fn shadow(stage: &Stage, snap: &Snapshot, key: u64) -> Option<usize> {
+/// The shadow fleet this request is mirrored to, if it is sampled, the
+/// shadow fleet has a ready replica, and its region is inside the request's
+/// residency (the stage's residency is checked when the config is loaded).
+pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<usize> {
     let (fleet, percent) = stage.experiment.shadow?;
-    let sampled = unit(key, SHADOW_SEED) * 100.0 < percent;
-    (sampled && snap.replicas[fleet].iter().any(|r| r.ready())).then_some(fleet)
+    let sampled = unit(key.key, SHADOW_SEED) * 100.0 < percent;
+    let region = &snap.topo.fleets[fleet].region;
+    let resident = key
+        .residency
+        .is_none_or(|r| split_regions(r).any(|x| x == region));
+    (sampled && resident && snap.replicas[fleet].iter().any(|r| r.ready())).then_some(fleet)
 }

@@ -25,7 +25,8 @@ pub struct RouteKey<'a> {
     pub stream: bool,
 }
 
-fn value(h: &envoy_types::pb::envoy::config::core::v3::HeaderValue) -> &str {
+/// A header's value as Envoy sends it.
+pub fn value(h: &envoy_types::pb::envoy::config::core::v3::HeaderValue) -> &str {
     // Envoy sends values in raw_value; `value` is only a fallback for peers
     // that do not.
     if h.raw_value.is_empty() {

@@ -7,6 +7,7 @@ pub mod experiment;
 pub mod fleet;
 pub mod key;
 pub mod mutation;
+pub mod place;
 pub mod rendezvous;
 pub mod replica;
 pub mod saturation;
@@ -110,7 +111,7 @@ impl Reject {
 pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision, Reject> {
     let topo = &snap.topo;
     let (stage_idx, stage) = stage::resolve(topo, key.model)?;
-    let candidates = eligible::candidates(snap, stage_idx, stage, key)?;
+    let candidates = eligible::candidates(snap, stage, key)?;
     let input = fleet::PolicyInput {
         snap,
         stage,
@@ -132,6 +133,6 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
         queued_tokens: choice.queued_tokens,
         arm,
-        shadow: experiment::shadow(stage, snap, key.key),
+        shadow: experiment::shadow(stage, snap, key),
     })
 }

@@ -6,7 +6,8 @@ use std::collections::HashMap;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse, ProcessingResponse,
+    BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
+    ProcessingResponse, TrailersResponse, processing_request::Request,
     processing_response::Response,
 };
 use envoy_types::pb::envoy::r#type::v3::HttpStatus;
@@ -36,7 +37,7 @@ fn string_value(s: String) -> Value {
 }
 
 /// The reply that routes the request.
-pub fn route(topo: &Topology, d: &Decision) -> ProcessingResponse {
+pub fn route(topo: &Topology, d: &Decision, nonce: u64) -> ProcessingResponse {
     let fleet = &topo.fleets[d.fleet];
     let hosts: Vec<&str> = d
         .replicas
@@ -51,6 +52,7 @@ pub fn route(topo: &Topology, d: &Decision) -> ProcessingResponse {
         uncached_tokens: d.uncached_tokens,
         queued_tokens: d.queued_tokens,
         arm: d.arm.as_str(),
+        nonce,
     };
     let lb = Struct {
         fields: HashMap::from([(
@@ -120,6 +122,31 @@ pub fn pass() -> ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse::default()),
         })),
+        ..Default::default()
+    }
+}
+
+/// "Continue unchanged" for any other message a misconfigured routing filter
+/// may send, in the response type Envoy expects for it (a wrong type is a
+/// protocol error).
+pub fn continue_unchanged(request: &Request) -> ProcessingResponse {
+    let headers = || HeadersResponse {
+        response: Some(CommonResponse::default()),
+    };
+    let body = || BodyResponse {
+        response: Some(CommonResponse::default()),
+    };
+    let trailers = TrailersResponse::default;
+    let response = match request {
+        Request::RequestHeaders(_) => Response::RequestHeaders(headers()),
+        Request::ResponseHeaders(_) => Response::ResponseHeaders(headers()),
+        Request::RequestBody(_) => Response::RequestBody(body()),
+        Request::ResponseBody(_) => Response::ResponseBody(body()),
+        Request::RequestTrailers(_) => Response::RequestTrailers(trailers()),
+        Request::ResponseTrailers(_) => Response::ResponseTrailers(trailers()),
+    };
+    ProcessingResponse {
+        response: Some(response),
         ..Default::default()
     }
 }

@@ -9,19 +9,20 @@
 
 use crate::topology::Fleet;
 
-pub fn utilisation(fleet: &Fleet, ready: &[usize]) -> f64 {
-    if ready.is_empty() {
-        return f64::INFINITY;
-    }
-    let n = ready.len() as f64;
+pub fn utilisation(fleet: &Fleet, ready: impl IntoIterator<Item = usize>) -> f64 {
     let cap = &fleet.capacity;
-    let (mut inflight, mut waiting, mut kv) = (0u64, 0u64, 0.0f64);
-    for &r in ready {
+    let (mut n, mut inflight, mut waiting, mut kv) = (0u32, 0u64, 0u64, 0.0f64);
+    for r in ready {
         let l = &fleet.replicas[r].load;
+        n += 1;
         inflight += u64::from(l.inflight());
         waiting += u64::from(l.engine_waiting());
         kv += l.kv_usage();
     }
+    if n == 0 {
+        return f64::INFINITY;
+    }
+    let n = f64::from(n);
     let by_inflight = inflight as f64 / (f64::from(cap.max_inflight) * n);
     let by_queue = if cap.max_waiting == 0 {
         if waiting > 0 { f64::INFINITY } else { 0.0 }
@@ -38,6 +39,6 @@ pub fn spilling(fleet: &Fleet, ready: &[usize], was: bool, resume_below: f64) ->
     if ready.is_empty() {
         return false;
     }
-    let u = utilisation(fleet, ready);
+    let u = utilisation(fleet, ready.iter().copied());
     if was { u > resume_below } else { u >= 1.0 }
 }

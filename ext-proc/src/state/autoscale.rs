@@ -13,7 +13,8 @@
 //! next fleet grows only with what is left, or with what a saturated base
 //! cannot take yet (it only covers what its ready replicas serve now). So the
 //! base scales first and the burst fleet shrinks first. Other policies keep
-//! each fleet's own need. Either way the stage's total stays in its range.
+//! each fleet's own need. Either way the stage's total stays in its range
+//! (config validation ensures the fleets' minimums fit in it).
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Signal {

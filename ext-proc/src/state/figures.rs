@@ -30,7 +30,6 @@ pub struct FleetWindow {
     samples: VecDeque<Sample>,
     /// Decaying average of normalised TTFT, ms per 1000 effective tokens.
     latency: Option<f64>,
-    latency_at: Option<Instant>,
     /// The first sample ever: throughput is averaged over the whole window
     /// once the fleet has been observed that long.
     first: Option<Instant>,
@@ -83,7 +82,6 @@ impl FleetWindow {
                 Some(l) => l + EWMA_ALPHA * (norm - l),
                 None => norm,
             });
-            self.latency_at = Some(now);
         }
         if self.samples.len() == MAX_SAMPLES {
             self.samples.pop_front();
@@ -148,8 +146,9 @@ impl FleetWindow {
 }
 
 /// A provider price as configured, else the GPU-hour price over the tokens a
-/// replica serves: measured when the fleet has served any, else the
-/// configured estimate.
+/// replica serves: the measured rate, or the configured `tokens_per_sec` when
+/// that is higher (a lightly used fleet is not dearer per token than its
+/// capacity makes it; without the estimate an idle fleet has no price).
 pub fn usd_per_mtok(cost: &CostConfig, fleet_tokens_per_sec: f64, ready: usize) -> Option<f64> {
     if let Some(p) = cost.usd_per_million_tokens {
         return Some(p);
@@ -157,7 +156,10 @@ pub fn usd_per_mtok(cost: &CostConfig, fleet_tokens_per_sec: f64, ready: usize) 
     let replica_hour = cost.gpu_hour_usd? * f64::from(cost.gpus_per_replica.unwrap_or(1));
     let measured =
         (ready > 0 && fleet_tokens_per_sec > 0.0).then(|| fleet_tokens_per_sec / ready as f64);
-    let tps = measured.or(cost.tokens_per_sec)?;
+    let tps = match (measured, cost.tokens_per_sec) {
+        (Some(m), Some(c)) => m.max(c),
+        (m, c) => m.or(c)?,
+    };
     Some(replica_hour / (tps * 3600.0) * 1e6)
 }
 
@@ -222,6 +224,17 @@ mod tests {
         assert!((usd_per_mtok(&gpu, 0.0, 2).unwrap() - 16.0 / 3.6).abs() < 1e-9);
         // Measured 4000 tok/s over 2 replicas = 2000 per replica.
         assert!((usd_per_mtok(&gpu, 4000.0, 2).unwrap() - 16.0 / 7.2).abs() < 1e-9);
+        // Lightly used (500 per replica): priced at its capacity, not dearer.
+        assert!((usd_per_mtok(&gpu, 1000.0, 2).unwrap() - 16.0 / 3.6).abs() < 1e-9);
+        let measured_only = CostConfig {
+            tokens_per_sec: None,
+            ..gpu.clone()
+        };
+        assert_eq!(
+            usd_per_mtok(&measured_only, 0.0, 2),
+            None,
+            "idle, no estimate: unknown"
+        );
         let provider = CostConfig {
             usd_per_million_tokens: Some(0.5),
             ..gpu

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use tokio::sync::mpsc;
 
 use super::{Event, Shared};
 use crate::config::HealthCheckConfig;
@@ -58,15 +57,19 @@ impl HealthMachine {
     }
 }
 
-/// Probes every replica of the current topology each interval, forever.
-pub async fn run_checks(shared: Arc<Shared>, events: mpsc::Sender<Event>) {
-    let client = reqwest::Client::builder()
+fn http_client() -> reqwest::Client {
+    reqwest::Client::builder()
         .no_proxy()
         .pool_max_idle_per_host(1)
         .build()
-        .expect("http client");
+        .expect("http client")
+}
+
+/// Probes every replica of the current topology each interval, forever.
+pub async fn run_checks(shared: Arc<Shared>) {
+    let client = http_client();
     loop {
-        let snap = shared.snapshot();
+        let snap = shared.snapshot_full();
         let cfg = &snap.topo.health_check;
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let mut probes = Vec::new();
@@ -84,18 +87,28 @@ pub async fn run_checks(shared: Arc<Shared>, events: mpsc::Sender<Event>) {
             }
         }
         for (fleet, replica, ok) in join_all(probes).await {
-            let _ = events
+            let generation = snap.topo.generation;
+            let _ = shared
+                .events()
                 .send(Event::Health {
-                    generation: snap.topo.generation,
+                    generation,
                     fleet,
                     replica,
                     ok,
                 })
                 .await;
         }
-        // Healthy replicas that have not passed warmup yet run the golden
-        // prompts of every stage their fleet serves.
-        let snap = shared.snapshot();
+        tokio::time::sleep(Duration::from_millis(cfg.interval_ms)).await;
+    }
+}
+
+/// Runs the golden prompts of every stage a fleet serves against its healthy
+/// replicas that have not passed warmup yet. A task of its own, so a slow or
+/// hanging replica under warmup never delays anyone's health checks.
+pub async fn run_warmups(shared: Arc<Shared>) {
+    let client = http_client();
+    loop {
+        let snap = shared.snapshot_full();
         let mut warmups = Vec::new();
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
             for (r, replica) in fleet.replicas.iter().enumerate() {
@@ -125,16 +138,18 @@ pub async fn run_checks(shared: Arc<Shared>, events: mpsc::Sender<Event>) {
             }
         }
         for (fleet, replica, ok) in join_all(warmups).await {
-            let _ = events
+            let generation = snap.topo.generation;
+            let _ = shared
+                .events()
                 .send(Event::Warmup {
-                    generation: snap.topo.generation,
+                    generation,
                     fleet,
                     replica,
                     ok,
                 })
                 .await;
         }
-        tokio::time::sleep(Duration::from_millis(cfg.interval_ms)).await;
+        tokio::time::sleep(Duration::from_millis(snap.topo.health_check.interval_ms)).await;
     }
 }
 

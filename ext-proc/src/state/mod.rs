@@ -167,8 +167,8 @@ pub const TICK: Duration = Duration::from_millis(250);
 pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
     events: mpsc::Sender<Event>,
-    /// Load guards of routed requests, by request id, until observed.
-    pending: Cache<String, Arc<RequestGuard>>,
+    /// Load guards of routed requests, by decision nonce, until observed.
+    pending: Cache<u64, Arc<RequestGuard>>,
     /// Recent decisions for `/debug/decisions`; only the writer appends.
     decisions: Mutex<VecDeque<DecisionRecord>>,
     pub metrics: Metrics,
@@ -183,6 +183,11 @@ impl std::fmt::Debug for Shared {
 impl Shared {
     pub fn snapshot(&self) -> arc_swap::Guard<Arc<Snapshot>> {
         self.snapshot.load()
+    }
+
+    /// The current snapshot, owned (kept beyond the current call).
+    pub fn snapshot_full(&self) -> Arc<Snapshot> {
+        self.snapshot.load_full()
     }
 
     /// Never blocks the request path: when the writer is far behind, the event
@@ -211,15 +216,13 @@ impl Shared {
         self.events.clone()
     }
 
-    pub fn hold_load(&self, request_id: &str, guard: RequestGuard) {
-        if !request_id.is_empty() {
-            self.pending.insert(request_id.to_string(), Arc::new(guard));
-        }
+    pub fn hold_load(&self, nonce: u64, guard: RequestGuard) {
+        self.pending.insert(nonce, Arc::new(guard));
     }
 
     /// The observing stream takes over a request's load.
-    pub fn claim_load(&self, request_id: &str) -> Option<Arc<RequestGuard>> {
-        self.pending.remove(request_id)
+    pub fn claim_load(&self, nonce: u64) -> Option<Arc<RequestGuard>> {
+        self.pending.remove(&nonce)
     }
 
     pub fn recent_decisions(&self, request_id: Option<&str>, limit: usize) -> Vec<DecisionRecord> {

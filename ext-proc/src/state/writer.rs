@@ -285,13 +285,13 @@ impl Writer {
             return;
         };
         let ok = o.succeeded();
-        let cached = o.usage.map(|u| u.cached_tokens());
+        let cached = o.usage.and_then(|u| u.cached_tokens());
         // Time to first token is the prefill queued ahead plus this prompt's
         // own: normalising by both gives a figure of the replica's speed that
         // does not depend on how busy routing made it.
-        let uncached = match o.usage {
-            Some(u) => u.prompt_tokens.saturating_sub(u.cached_tokens()),
-            None => o.uncached_tokens,
+        let uncached = match (o.usage, cached) {
+            (Some(u), Some(c)) => u.prompt_tokens.saturating_sub(c),
+            _ => o.uncached_tokens,
         };
         let work = uncached + o.queued_tokens;
         let ttft_ms = o
@@ -352,7 +352,7 @@ impl Writer {
             for (kind, n) in [
                 ("prompt", u.prompt_tokens),
                 ("completion", u.completion_tokens),
-                ("cached", u.cached_tokens()),
+                ("cached", u.cached_tokens().unwrap_or(0)),
             ] {
                 m.tokens
                     .get_or_create(&Tokens {
@@ -362,8 +362,11 @@ impl Writer {
                     })
                     .inc_by(n);
             }
-            self.accounting
-                .observed(&o.stage, &o.fleet, u.prompt_tokens, u.cached_tokens());
+            // The engine hit rate only counts engines that report cached tokens.
+            if let Some(c) = u.cached_tokens() {
+                self.accounting
+                    .observed(&o.stage, &o.fleet, u.prompt_tokens, c);
+            }
         }
     }
 
@@ -386,7 +389,7 @@ impl Writer {
                 .stages_of(f)
                 .map(|s| s.routing.resume_below())
                 .fold(1.0f64, f64::min);
-            fm.utilisation = crate::route::saturation::utilisation(fleet, &ready);
+            fm.utilisation = crate::route::saturation::utilisation(fleet, ready.iter().copied());
             let spilling = crate::route::saturation::spilling(fleet, &ready, fm.spilling, resume);
             if spilling != fm.spilling {
                 tracing::info!(fleet = %fleet.name, saturated = spilling, "fleet saturation changed");
@@ -454,6 +457,7 @@ impl Writer {
         ));
         let old = std::mem::take(&mut self.fleets);
         self.fleets = fleet_models(&topo, old, &self.topo);
+        let renamed = series_names(&topo) != series_names(&self.topo);
         self.topo = topo;
         self.config = Arc::new(cfg);
         // Counters of replicas that left go with them.
@@ -476,7 +480,11 @@ impl Writer {
             .collect();
         self.accounting
             .retain(|s, f| pairs.contains(&(s.to_string(), f.to_string())));
-        self.shared.metrics.clear_config_series();
+        if renamed {
+            // Series of stages, fleets or replicas that left go with them; a
+            // change of weights or bounds keeps every series (and counter).
+            self.shared.metrics.clear_config_series();
+        }
         self.shared.metrics.prime(&self.topo);
         tracing::info!(generation = self.topo.generation, "router config applied");
         self.dirty = true;
@@ -494,6 +502,24 @@ impl Writer {
             self.shared.snapshot.store(Arc::new(snap));
         }
     }
+}
+
+/// The names metric series are labelled with.
+fn series_names(t: &Topology) -> Vec<String> {
+    let mut names: Vec<String> = t
+        .stages
+        .iter()
+        .map(|s| format!("s:{}:{:?}", s.name, s.fleets))
+        .collect();
+    for f in &t.fleets {
+        names.push(format!("f:{}", f.name));
+        names.extend(
+            f.replicas
+                .iter()
+                .map(|r| format!("r:{}/{}", f.name, r.addr)),
+        );
+    }
+    names
 }
 
 fn build_topology(

@@ -108,3 +108,15 @@ pub fn chat_body(model: &str, user: Option<&str>, text: &str, stream: bool) -> S
     }
     v.to_string()
 }
+
+/// The sum of a Prometheus text exposition's samples of `metric` whose line
+/// contains every one of `labels` (e.g. `arm="control"`).
+pub fn metric_sum(exposition: &str, metric: &str, labels: &[&str]) -> f64 {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.split(['{', ' ']).next() == Some(metric))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}

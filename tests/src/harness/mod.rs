@@ -275,14 +275,6 @@ impl Lab {
         )
     }
 
-    /// The replica name serving at `addr`.
-    pub fn replica_name(&self, addr: &str) -> Option<&str> {
-        self.replicas
-            .iter()
-            .find(|(_, a)| *a == addr)
-            .map(|(n, _)| n.as_str())
-    }
-
     /// Sets a fault on a simulated replica (see the engine's control API).
     pub fn fault(&self, replica: &str, json: &str) {
         let (status, body) = client::blocking_send(

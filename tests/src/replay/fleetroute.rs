@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use fleetroute::config::RouterConfig;
 use fleetroute::observe::Observation;
 use fleetroute::observe::usage::{PromptDetails, Usage};
-use fleetroute::route::decide;
 use fleetroute::route::key::RouteKey;
+use fleetroute::route::place::place;
 use fleetroute::state::load::RequestGuard;
-use fleetroute::state::{Event, Routed, Shared, Writer};
+use fleetroute::state::{Event, Shared, Writer};
 use fleetroute_filter::contract::KeySource;
 
 use super::sim::{SimRouter, View};
@@ -122,27 +122,9 @@ impl SimRouter for Fleetroute {
             prompt_tokens: req.input_tokens as u32,
             ..Default::default()
         };
-        let snap = self.shared.snapshot();
-        let d = decide(&snap, &key, self.rng).expect("a ready replica");
+        let placed = place(&self.shared, key, self.rng).expect("a ready replica");
+        let (d, guard) = (placed.decision, placed.guard);
         let replica = d.replicas[0];
-        let guard = snap.topo.fleets[d.fleet].replicas[replica]
-            .load
-            .start(d.uncached_tokens);
-        self.shared.emit(Event::Routed(Box::new(Routed {
-            generation: snap.topo.generation,
-            request_id: String::new(),
-            stage: d.stage,
-            fleet: d.fleet,
-            replica,
-            key_source: "content",
-            arm: "none",
-            shadow: None,
-            prompt_tokens: req.input_tokens,
-            blocks: key.blocks,
-            block_tokens: self.block_tokens,
-            predicted_cached_tokens: d.cached_tokens,
-        })));
-        drop(snap);
         self.live[id] = Some(Live {
             replica,
             guard,

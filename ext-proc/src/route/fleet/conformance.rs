@@ -141,7 +141,7 @@ fn ready_fleets(snap: &Snapshot, region: Option<&str>) -> Vec<usize> {
 fn saturated(snap: &Snapshot, f: usize) -> bool {
     let ready: Vec<usize> = (0..3).filter(|&r| snap.replicas[f][r].ready()).collect();
     snap.fleets[f].spilling
-        || crate::route::saturation::utilisation(&snap.topo.fleets[f], &ready) >= 1.0
+        || crate::route::saturation::utilisation(&snap.topo.fleets[f], ready) >= 1.0
 }
 
 proptest! {
@@ -195,12 +195,17 @@ proptest! {
         let eligible = ready_fleets(&snap, None);
         let free: Vec<usize> = eligible.iter().copied().filter(|&f| !saturated(&snap, f)).collect();
         let pool = if free.is_empty() { eligible } else { free };
-        let known: Vec<f64> = pool.iter().filter_map(|&f| w.latency[f]).collect();
+        // Expected time to first token: the fleet's speed times the prefill
+        // queued on its least-queued ready replica (100 tokens per request in
+        // flight in this world) plus the prompt (1000 tokens, nothing cached).
+        let queued = |f: usize| (0..3).filter(|&r| w.ready[f][r]).map(|r| u64::from(w.inflight[f][r]) * 100).min().unwrap_or(0);
+        let expected = |f: usize| w.latency[f].map(|l| l * (1000.0 + queued(f) as f64 + 256.0) / 1000.0);
+        let known: Vec<f64> = pool.iter().filter_map(|&f| expected(f)).collect();
         let neutral = if known.is_empty() { 0.0 } else { known.iter().sum::<f64>() / known.len() as f64 };
-        let fig = |f: usize| w.latency[f].unwrap_or(neutral);
-        let best = pool.iter().map(|&f| fig(f)).fold(f64::INFINITY, f64::min);
+        let ttft = |f: usize| expected(f).unwrap_or(neutral);
+        let best = pool.iter().map(|&f| ttft(f)).fold(f64::INFINITY, f64::min);
         prop_assert!(pool.contains(&d.fleet));
-        prop_assert!(fig(d.fleet) <= best + 1e-9, "chose {} ({}) over best {best}", d.fleet, fig(d.fleet));
+        prop_assert!(ttft(d.fleet) <= best + 1e-9, "chose {} ({}) over best {best}", d.fleet, ttft(d.fleet));
     }
 
     #[test]

@@ -11,7 +11,6 @@ mod weighted;
 use super::eligible::{CandidateFleet, Candidates};
 use super::key::RouteKey;
 use super::rendezvous::{score, unit};
-use super::saturation;
 use crate::state::Snapshot;
 use crate::topology::{Policy, Stage};
 
@@ -42,11 +41,7 @@ pub fn choose(policy: &Policy, input: &PolicyInput<'_>) -> Option<usize> {
 impl PolicyInput<'_> {
     /// Saturated now, or still spilling after a saturation (hysteresis).
     pub fn saturated(&self, c: &CandidateFleet) -> bool {
-        if self.snap.fleets[c.fleet].spilling {
-            return true;
-        }
-        let ready: Vec<usize> = c.ready.iter().map(|r| r.replica).collect();
-        saturation::utilisation(&self.snap.topo.fleets[c.fleet], &ready) >= 1.0
+        self.snap.fleets[c.fleet].spilling || c.utilisation >= 1.0
     }
 
     /// Indices of candidates that are not saturated; all of them when every
@@ -88,13 +83,16 @@ impl PolicyInput<'_> {
     }
 
     /// The fleet's time to first token for this request as its figures
-    /// predict it (ms), given the prefix it would reuse. `None` when unmeasured.
+    /// predict it (ms): its speed (ms per 1000 prefill tokens) times the
+    /// prefill already queued on its least-queued replica plus the part of the
+    /// prompt the fleet does not hold. `None` when unmeasured.
     pub fn expected_ttft(&self, i: usize) -> Option<f64> {
         let c = &self.candidates.fleets[i];
         let per_k = self.snap.fleets[c.fleet].figures.latency?;
         let uncached =
             u64::from(self.key.prompt_tokens).saturating_sub(c.best_cached_tokens(self.key));
-        Some(per_k * (uncached as f64 + crate::state::figures::OVERHEAD_TOKENS) / 1000.0)
+        let work = (uncached + c.min_queued) as f64 + crate::state::figures::OVERHEAD_TOKENS;
+        Some(per_k * work / 1000.0)
     }
 
     /// Expected TTFTs of `among`, unmeasured fleets taking the mean of the

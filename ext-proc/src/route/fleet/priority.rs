@@ -3,7 +3,6 @@
 //! frees up. When every fleet is saturated, the least utilised one takes it.
 
 use super::{FleetPolicy, PolicyInput};
-use crate::route::saturation::utilisation;
 
 pub struct Priority<'a> {
     /// `Topology::fleets` indices in fill order.
@@ -24,12 +23,8 @@ impl FleetPolicy for Priority<'_> {
         if let Some(&first_free) = ordered.iter().find(|&&i| !input.saturated(&cands[i])) {
             return Some(first_free);
         }
-        ordered.into_iter().min_by(|&a, &b| {
-            let u = |i: usize| {
-                let ready: Vec<usize> = cands[i].ready.iter().map(|r| r.replica).collect();
-                utilisation(&input.snap.topo.fleets[cands[i].fleet], &ready)
-            };
-            u(a).total_cmp(&u(b))
-        })
+        ordered
+            .into_iter()
+            .min_by(|&a, &b| cands[a].utilisation.total_cmp(&cands[b].utilisation))
     }
 }

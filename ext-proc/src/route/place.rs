@@ -1,0 +1,53 @@
+//! A decision put into effect: decide, start the chosen replica's load
+//! accounting, and tell the writer (prefix index, metrics, debug log). The
+//! ext_proc stream and the trace replay both route through here.
+
+use std::sync::Arc;
+
+use super::key::RouteKey;
+use super::{Decision, Reject, decide};
+use crate::state::load::RequestGuard;
+use crate::state::{Event, Routed, Shared, Snapshot};
+
+pub struct Placed {
+    pub snapshot: Arc<Snapshot>,
+    pub decision: Decision,
+    /// The request's share of the replica's load, until released.
+    pub guard: RequestGuard,
+}
+
+pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Reject> {
+    let snapshot = shared.snapshot_full();
+    let decision = match decide(&snapshot, &key, rng) {
+        Ok(d) => d,
+        Err(reject) => {
+            shared.emit(Event::Rejected {
+                stage: reject.stage().unwrap_or_default().to_string(),
+                reason: reject.code(),
+            });
+            return Err(reject);
+        }
+    };
+    let topo = &snapshot.topo;
+    let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
+    let guard = replica.load.start(decision.uncached_tokens);
+    shared.emit(Event::Routed(Box::new(Routed {
+        generation: topo.generation,
+        request_id: key.request_id.to_string(),
+        stage: decision.stage,
+        fleet: decision.fleet,
+        replica: decision.replicas[0],
+        key_source: key.key_source.map_or("none", |s| s.as_str()),
+        arm: decision.arm.as_str(),
+        shadow: decision.shadow,
+        prompt_tokens: u64::from(key.prompt_tokens),
+        blocks: key.blocks,
+        block_tokens: key.block_tokens,
+        predicted_cached_tokens: decision.cached_tokens,
+    })));
+    Ok(Placed {
+        snapshot,
+        decision,
+        guard,
+    })
+}
