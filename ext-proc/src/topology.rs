@@ -228,8 +228,8 @@ impl Topology {
             .filter(move |s| s.fleets.contains(&fleet))
     }
 
-    /// The outlier settings that apply to a fleet: the strictest enabled
-    /// stage that uses it (fleets are usually in one stage).
+    /// The outlier settings that apply to a fleet: those of the first stage
+    /// that uses it with ejection enabled (fleets are usually in one stage).
     pub fn outlier_for(&self, fleet: usize) -> Option<&OutlierConfig> {
         self.stages_of(fleet)
             .map(|s| &s.outlier)

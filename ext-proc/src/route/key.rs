@@ -17,12 +17,9 @@ pub struct RouteKey<'a> {
     pub key: u64,
     pub key_source: Option<KeySource>,
     pub residency: Option<&'a str>,
-    pub tenant: Option<&'a str>,
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
     pub prompt_tokens: u32,
-    pub max_tokens: Option<u32>,
-    pub stream: bool,
 }
 
 /// A header's value as Envoy sends it.
@@ -55,12 +52,9 @@ impl<'a> RouteKey<'a> {
                 contract::KEY => key = contract::decode_u64(v.as_bytes()),
                 contract::KEY_SOURCE => k.key_source = KeySource::parse(v),
                 contract::RESIDENCY => k.residency = Some(v).filter(|r| !r.is_empty()),
-                contract::TENANT => k.tenant = Some(v),
                 contract::BLOCKS => blocks = v.as_bytes(),
                 contract::BLOCK_TOKENS => k.block_tokens = v.parse().unwrap_or(0),
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
-                contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
-                contract::STREAM => k.stream = v == "1",
                 _ => {}
             }
         }

@@ -142,6 +142,7 @@ impl IndexWriter {
     }
 
     /// Blocks the replica is believed to hold.
+    #[cfg(test)]
     pub fn held(&self, replica: usize) -> usize {
         self.replicas.get(replica).map_or(0, |r| r.lru.len())
     }
