@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Json, Response};
@@ -279,38 +280,29 @@ struct SplitBody {
     weight: f64,
 }
 
-async fn split(
-    State(s): State<AdminState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
+/// An authorised change: the JSON body, then the change it asks for.
+async fn change_from<B: serde::de::DeserializeOwned>(
+    s: &AdminState,
+    headers: &HeaderMap,
+    body: &[u8],
+    into: impl FnOnce(B) -> Change,
 ) -> Response {
-    if let Err(r) = authorize(&s, &headers) {
+    if let Err(r) = authorize(s, headers) {
         return *r;
     }
-    // serde_json refuses NaN and infinities in JSON; say so in words.
-    let b: SplitBody = match serde_json::from_slice(&body) {
-        Ok(b) => b,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                format!("body: {e} (weight must be a finite number >= 0)"),
-            );
-        }
-    };
-    if !(b.weight.is_finite() && b.weight >= 0.0) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("weight {} must be finite and >= 0", b.weight),
-        );
+    match serde_json::from_slice::<B>(body) {
+        Ok(b) => apply(s, into(b)).await,
+        // JSON has no NaN or infinity: such a weight fails here.
+        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
     }
-    apply(
-        &s,
-        Change::SetWeight {
-            stage: b.stage,
-            fleet: b.fleet,
-            weight: b.weight,
-        },
-    )
+}
+
+async fn split(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    change_from(&s, &headers, &body, |b: SplitBody| Change::SetWeight {
+        stage: b.stage,
+        fleet: b.fleet,
+        weight: b.weight,
+    })
     .await
 }
 
@@ -322,28 +314,13 @@ struct ScaleBody {
     max: u32,
 }
 
-async fn scale(
-    State(s): State<AdminState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    if let Err(r) = authorize(&s, &headers) {
-        return *r;
-    }
-    match serde_json::from_slice::<ScaleBody>(&body) {
-        Ok(b) => {
-            apply(
-                &s,
-                Change::Scale {
-                    fleet: b.fleet,
-                    min: b.min,
-                    max: b.max,
-                },
-            )
-            .await
-        }
-        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
-    }
+async fn scale(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    change_from(&s, &headers, &body, |b: ScaleBody| Change::Scale {
+        fleet: b.fleet,
+        min: b.min,
+        max: b.max,
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -358,27 +335,12 @@ fn yes() -> bool {
     true
 }
 
-async fn drain(
-    State(s): State<AdminState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    if let Err(r) = authorize(&s, &headers) {
-        return *r;
-    }
-    match serde_json::from_slice::<DrainBody>(&body) {
-        Ok(b) => {
-            apply(
-                &s,
-                Change::Drain {
-                    replica: b.replica,
-                    drain: b.drain,
-                },
-            )
-            .await
-        }
-        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
-    }
+async fn drain(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    change_from(&s, &headers, &body, |b: DrainBody| Change::Drain {
+        replica: b.replica,
+        drain: b.drain,
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -388,27 +350,14 @@ struct ExperimentBody {
     experiment: ExperimentConfig,
 }
 
-async fn experiment(
-    State(s): State<AdminState>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    if let Err(r) = authorize(&s, &headers) {
-        return *r;
-    }
-    match serde_json::from_slice::<ExperimentBody>(&body) {
-        Ok(b) => {
-            apply(
-                &s,
-                Change::Experiment {
-                    stage: b.stage,
-                    experiment: b.experiment,
-                },
-            )
-            .await
+async fn experiment(State(s): State<AdminState>, headers: HeaderMap, body: Bytes) -> Response {
+    change_from(&s, &headers, &body, |b: ExperimentBody| {
+        Change::Experiment {
+            stage: b.stage,
+            experiment: b.experiment,
         }
-        Err(e) => error(StatusCode::BAD_REQUEST, format!("body: {e}")),
-    }
+    })
+    .await
 }
 
 async fn reload(State(s): State<AdminState>, headers: HeaderMap) -> Response {

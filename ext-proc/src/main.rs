@@ -271,8 +271,9 @@ fn main() -> ExitCode {
                     admin,
                 },
         } => {
-            if !(weight.is_finite() && weight >= 0.0) {
-                eprintln!("fleetroute: weight {weight} must be finite and >= 0");
+            // JSON cannot carry NaN or infinity; the service checks the rest.
+            if !weight.is_finite() {
+                eprintln!("fleetroute: weight {weight} must be a finite number >= 0");
                 return ExitCode::from(2);
             }
             change(

@@ -11,15 +11,10 @@ use std::time::{Duration, Instant};
 use fleetroute_tests::harness::client::{
     blocking_get, blocking_send, chat_body, client, metric_sum, post,
 };
+use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, chat_url as url};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
-const FAST: &[&str] = &[
-    "--prefill-tokens-per-sec",
-    "10000000",
-    "--decode-ms-per-token",
-    "1",
-];
 const TOKEN: &str = "s3cret-token";
 
 const WEIGHTED: &str = r#"
@@ -50,10 +45,6 @@ fn lab(router: &str, engine_args: &'static [&'static str]) -> Lab {
             ..Default::default()
         },
     )
-}
-
-fn url(lab: &Lab) -> String {
-    format!("{}/v1/chat/completions", lab.envoy)
 }
 
 /// The replica each of `keys` lands on.

@@ -4,33 +4,10 @@
 use std::collections::{HashMap, HashSet};
 
 use fleetroute_tests::harness::client::{chat_body, post};
+use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
 use fleetroute_tests::harness::{Lab, LabSpec};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
-
-pub const TWO_FLEETS: &str = r#"
-health_check: { interval_ms: 200, timeout_ms: 150, healthy_threshold: 2, unhealthy_threshold: 2 }
-default_stage: chat
-fleets:
-  - name: base
-    region: us
-    endpoints: ["{b1}", "{b2}"]
-  - name: burst
-    region: us
-    endpoints: ["{u1}", "{u2}"]
-stages:
-  - name: chat
-    models: [m1]
-    fleets: [base, burst]
-    routing: { policy: weighted, weights: { base: 1, burst: 1 } }
-"#;
-
-const FAST: &[&str] = &[
-    "--prefill-tokens-per-sec",
-    "10000000",
-    "--decode-ms-per-token",
-    "1",
-];
 
 fn lab() -> Lab {
     Lab::start(
@@ -41,10 +18,6 @@ fn lab() -> Lab {
             ..Default::default()
         },
     )
-}
-
-fn url(lab: &Lab) -> String {
-    format!("{}/v1/chat/completions", lab.envoy)
 }
 
 #[test]

@@ -7,6 +7,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
+use fleetroute_tests::harness::scenario::chat_url as url;
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -20,10 +21,6 @@ fn lab(router: &str, engine_args: &'static [&'static str]) -> Lab {
             ..Default::default()
         },
     )
-}
-
-fn url(lab: &Lab) -> String {
-    format!("{}/v1/chat/completions", lab.envoy)
 }
 
 fn snapshot(lab: &Lab) -> serde_json::Value {

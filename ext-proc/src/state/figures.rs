@@ -65,19 +65,18 @@ impl FleetFigures {
     }
 }
 
+/// Time to first token per 1000 tokens of prefill work (the request's own
+/// uncached tokens plus those queued ahead of it, plus the fixed overhead).
+pub fn per_k_tokens(ttft_ms: f64, work_tokens: u64) -> f64 {
+    ttft_ms / ((work_tokens as f64 + OVERHEAD_TOKENS) / 1000.0)
+}
+
 impl FleetWindow {
     /// One finished request. `ttft_ms` only for streamed successes, where the
-    /// first byte is the first token; `uncached` prompt tokens it prefilled.
-    pub fn record(
-        &mut self,
-        now: Instant,
-        ok: bool,
-        ttft_ms: Option<f64>,
-        uncached: u64,
-        tokens: u64,
-    ) {
+    /// first byte is the first token; `work` prefill tokens it waited for.
+    pub fn record(&mut self, now: Instant, ok: bool, ttft_ms: Option<f64>, work: u64, tokens: u64) {
         if let Some(t) = ttft_ms {
-            let norm = t / ((uncached as f64 + OVERHEAD_TOKENS) / 1000.0);
+            let norm = per_k_tokens(t, work);
             self.latency = Some(match self.latency {
                 Some(l) => l + EWMA_ALPHA * (norm - l),
                 None => norm,

@@ -7,7 +7,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use super::figures::OVERHEAD_TOKENS;
+use super::figures::per_k_tokens;
 use crate::config::OutlierConfig;
 
 const MAX_SAMPLES: usize = 512;
@@ -59,11 +59,11 @@ impl ReplicaOutlier {
         now: Instant,
         ok: bool,
         ttft_ms: Option<f64>,
-        uncached: u64,
+        work: u64,
         total_ms: f64,
         output_tokens: u64,
     ) {
-        let ttft_norm = ttft_ms.map(|t| t / ((uncached as f64 + OVERHEAD_TOKENS) / 1000.0));
+        let ttft_norm = ttft_ms.map(|t| per_k_tokens(t, work));
         let per_token = ttft_ms
             .filter(|_| output_tokens > 1)
             .map(|t| (total_ms - t).max(0.0) / (output_tokens - 1) as f64);

@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod procs;
+pub mod scenario;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
