@@ -72,6 +72,14 @@ fn num(v: &Value, digits: usize) -> String {
     v.as_f64().map_or("-".into(), |x| format!("{x:.digits$}"))
 }
 
+/// `{min, max}` as `min..max`, or `-`.
+fn bounds(v: &Value) -> String {
+    match (&v["min"], &v["max"]) {
+        (Value::Number(a), Value::Number(b)) => format!("{a}..{b}"),
+        _ => "-".into(),
+    }
+}
+
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
     t.load_style(NOTHING)
@@ -81,10 +89,7 @@ fn table(header: &[&str]) -> Table {
 
 fn headline(stage: &Value) -> String {
     let r = &stage["routing"];
-    let replicas = match (&stage["replicas"]["min"], &stage["replicas"]["max"]) {
-        (Value::Number(a), Value::Number(b)) => format!("{a}..{b}"),
-        _ => "-".into(),
-    };
+    let replicas = bounds(&stage["replicas"]);
     let residency: Vec<&str> = stage["residency"]
         .as_array()
         .into_iter()
@@ -163,10 +168,7 @@ pub fn render_endpoint(stage: &Value) -> String {
     for f in stage["fleets"].as_array().into_iter().flatten() {
         let reps = f["replicas"].as_array().cloned().unwrap_or_default();
         let ready = reps.iter().filter(|r| r["ready"] == true).count();
-        let hosts = match (&f["hosts"]["min"], &f["hosts"]["max"]) {
-            (Value::Number(a), Value::Number(b)) => format!("{a}..{b}"),
-            _ => "-".into(),
-        };
+        let hosts = bounds(&f["hosts"]);
         t.add_row(vec![
             f["name"].as_str().unwrap_or("?").to_string(),
             f["region"].as_str().unwrap_or("?").to_string(),

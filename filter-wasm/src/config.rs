@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use crate::contract::INTERNAL_PREFIX;
+use crate::contract::{INTERNAL_PREFIX, MAX_BLOCKS};
 
 #[derive(Clone, Debug, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -69,8 +69,8 @@ impl FilterConfig {
                 "block_bytes: must be a multiple of {BYTES_PER_TOKEN} and at least 16"
             ));
         }
-        if self.max_blocks == 0 || self.max_blocks > 4096 {
-            return Err("max_blocks: must be between 1 and 4096".into());
+        if self.max_blocks == 0 || self.max_blocks > MAX_BLOCKS {
+            return Err(format!("max_blocks: must be between 1 and {MAX_BLOCKS}"));
         }
         for (field, value) in [
             ("residency_header", &self.residency_header),

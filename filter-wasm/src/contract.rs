@@ -6,6 +6,9 @@
 //! client-supplied copy before anything reads it, and the Envoy route removes them
 //! all again before the request goes upstream.
 
+/// Most prefix blocks a request carries (the filter's `max_blocks` limit).
+pub const MAX_BLOCKS: usize = 4096;
+
 /// Prefix shared by every internal header. Client-facing inputs never use it.
 pub const INTERNAL_PREFIX: &str = "x-fleetroute-";
 

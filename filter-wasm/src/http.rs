@@ -59,8 +59,9 @@ pub fn check_size(cfg: &FilterConfig, size: usize) -> Result<(), LocalReply> {
 }
 
 /// Collects a body that may arrive in any number of chunks, refusing it as soon
-/// as it passes the limit. The host buffers the body itself; this is the same
-/// logic for hosts (and tests) that hand over chunks.
+/// as it passes the limit. The host copies each newly buffered part into it
+/// once (Envoy keeps its own copy until the request moves on), so the limit is
+/// enforced as the body grows rather than after it has all arrived.
 #[derive(Debug, Default)]
 pub struct BodyCollector {
     buf: Vec<u8>,

@@ -6,7 +6,7 @@ use fleetroute_filter::contract::{self, KeySource};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Most blocks ext-proc reads from one request.
-pub const MAX_BLOCKS: usize = 4096;
+pub use fleetroute_filter::contract::MAX_BLOCKS;
 
 #[derive(Debug, Default)]
 pub struct RouteKey<'a> {

@@ -85,12 +85,7 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
             return Extraction::empty(status, m);
         }
     };
-    let mut canonical = Vec::with_capacity(body.len());
-    if let Some(messages) = &req.messages {
-        prefix::canonical_messages(messages, &mut canonical);
-    } else if let Some(p) = &req.prompt {
-        prefix::canonical_prompt(p, &mut canonical);
-    }
+    let canonical = canonical(&req, body.len());
     Extraction {
         status: ParseStatus::Ok,
         model: req.model.as_deref().and_then(model::model),
@@ -107,13 +102,18 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
 /// Engines that model a prefix cache use this to agree with the router.
 pub fn canonical_text(body: &[u8]) -> Option<Vec<u8>> {
     let req: Request<'_> = serde_json::from_slice(body).ok()?;
-    let mut out = Vec::new();
+    Some(canonical(&req, body.len()))
+}
+
+/// The prompt text that is hashed: the chat messages, else the completions prompt.
+fn canonical(req: &Request<'_>, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
     if let Some(messages) = &req.messages {
         prefix::canonical_messages(messages, &mut out);
     } else if let Some(p) = &req.prompt {
         prefix::canonical_prompt(p, &mut out);
     }
-    Some(out)
+    out
 }
 
 #[cfg(test)]
