@@ -9,7 +9,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{
-    blocking_get, blocking_send, chat_body, client, metric_sum, post,
+    blocking_get, blocking_send, chat_body, chat_body_tokens, client, metric_sum, post,
 };
 use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, chat_url as url};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
@@ -187,12 +187,8 @@ fn a_drained_replica_finishes_its_streams_and_takes_no_new_ones() {
     let host_name = first.served_by().to_string();
     let host = lab.replicas[&host_name].clone();
     let u = url(&lab);
-    let stream = thread::spawn(move || {
-        let mut body: serde_json::Value =
-            serde_json::from_str(&chat_body("m1", Some(key), "long", true)).unwrap();
-        body["max_tokens"] = 60.into();
-        post(&u, body.to_string(), &[])
-    });
+    let stream =
+        thread::spawn(move || post(&u, chat_body_tokens("m1", Some(key), "long", true, 60), &[]));
     thread::sleep(Duration::from_millis(300));
     let (ok, out, err) = lab.cli(&["replica", "drain", &host], Some(TOKEN));
     assert!(ok, "{err}");
@@ -497,6 +493,12 @@ fn the_config_reloads_under_load_without_failing_a_request() {
             .as_u64()
             .unwrap()
     };
+    let applied_after = |g: u64, what: &str| {
+        let applied = wait_for_value(Duration::from_secs(5), || {
+            (generation(&lab) > g).then_some(())
+        });
+        assert!(applied.is_some(), "{what} not applied");
+    };
     let g0 = generation(&lab);
     // 1. The file changes: burst weighs 2 (picked up by the watcher).
     std::fs::write(
@@ -507,12 +509,7 @@ fn the_config_reloads_under_load_without_failing_a_request() {
         ),
     )
     .unwrap();
-    assert!(
-        wait_for_value(Duration::from_secs(5), || (generation(&lab) > g0)
-            .then_some(()))
-        .is_some(),
-        "file change not applied"
-    );
+    applied_after(g0, "the file change");
     // 2. An invalid file is refused; the running config stays.
     let g1 = generation(&lab);
     std::fs::write(
@@ -536,12 +533,7 @@ fn the_config_reloads_under_load_without_failing_a_request() {
         .args(["-HUP", &pid.to_string()])
         .status()
         .unwrap();
-    assert!(
-        wait_for_value(Duration::from_secs(5), || (generation(&lab) > g1)
-            .then_some(()))
-        .is_some(),
-        "SIGHUP not applied"
-    );
+    applied_after(g1, "SIGHUP");
     // 4. Through the API.
     let g2 = generation(&lab);
     let (ok, out, err) = lab.cli(&["reload"], Some(TOKEN));
@@ -633,17 +625,8 @@ fn autoscaling_signals_grow_the_base_first_and_shrink_the_burst_first() {
         let handles: Vec<_> = (0..wave)
             .map(|i| {
                 let u = url(&lab);
-                thread::spawn(move || {
-                    let mut body: serde_json::Value = serde_json::from_str(&chat_body(
-                        "m1",
-                        Some(&format!("w{wave}-{i}")),
-                        "work",
-                        false,
-                    ))
-                    .unwrap();
-                    body["max_tokens"] = 80.into();
-                    post(&u, body.to_string(), &[])
-                })
+                let body = chat_body_tokens("m1", Some(&format!("w{wave}-{i}")), "work", false, 80);
+                thread::spawn(move || post(&u, body, &[]))
             })
             .collect();
         thread::sleep(Duration::from_millis(600));

@@ -6,8 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
-use fleetroute_tests::harness::scenario::chat_url as url;
+use fleetroute_tests::harness::client::{blocking_get, chat_body, chat_body_tokens, post};
+use fleetroute_tests::harness::scenario::{TWO_FLEETS, chat_url as url};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -53,7 +53,8 @@ stages:
 
 #[test]
 fn priority_spills_when_the_base_saturates_and_returns() {
-    // 40 tokens at 25 ms: each request holds its slot for about a second.
+    // 80 tokens at 25 ms: each request holds its slot for about two seconds,
+    // longer than it takes to send all ten even on a busy machine.
     let lab = lab(
         PRIORITY,
         &["--decode-ms-per-token", "25", "--max-batch", "16"],
@@ -67,17 +68,8 @@ fn priority_spills_when_the_base_saturates_and_returns() {
     let burst: Vec<_> = (0..10)
         .map(|i| {
             let u = url(&lab);
-            thread::spawn(move || {
-                let mut body: serde_json::Value = serde_json::from_str(&chat_body(
-                    "m1",
-                    Some(&format!("load-{i}")),
-                    "work",
-                    false,
-                ))
-                .unwrap();
-                body["max_tokens"] = 40.into();
-                post(&u, body.to_string(), &[])
-            })
+            let body = chat_body_tokens("m1", Some(&format!("load-{i}")), "work", false, 80);
+            thread::spawn(move || post(&u, body, &[]))
         })
         .collect();
     let served: Vec<String> = burst
@@ -98,22 +90,6 @@ fn priority_spills_when_the_base_saturates_and_returns() {
     });
     assert!(back.is_some(), "base never took traffic back");
 }
-
-const TWO_FLEETS: &str = r#"
-health_check: { interval_ms: 200, timeout_ms: 150, healthy_threshold: 2, unhealthy_threshold: 2 }
-fleets:
-  - name: base
-    region: us
-    endpoints: ["{b1}", "{b2}"]
-  - name: burst
-    region: us
-    endpoints: ["{u1}", "{u2}"]
-stages:
-  - name: chat
-    models: [m1]
-    fleets: [base, burst]
-    routing: { policy: weighted }
-"#;
 
 #[test]
 fn a_dead_fleets_traffic_moves_to_the_others() {
@@ -311,7 +287,7 @@ fn a_slow_replica_is_ejected_and_readmitted() {
     );
     lab.fault("r1", r#"{"slow_factor": 8.0}"#);
     let r1 = lab.replicas["r1"].clone();
-    let ejected = wait_for_value(Duration::from_secs(20), || {
+    let ejected = wait_for_value(Duration::from_secs(30), || {
         stream_many(&lab, 8, "warm");
         let snap = snapshot(&lab);
         let reps = snap["fleets"][0]["replicas"].as_array().unwrap().clone();

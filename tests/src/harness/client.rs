@@ -91,13 +91,25 @@ pub fn post(url: &str, body: impl Into<Vec<u8>>, headers: &[(&str, &str)]) -> Re
 }
 
 pub fn chat_body(model: &str, user: Option<&str>, text: &str, stream: bool) -> String {
+    chat_body_tokens(model, user, text, stream, 4)
+}
+
+/// A chat request asking for `max_tokens` tokens (longer requests hold their
+/// replica longer).
+pub fn chat_body_tokens(
+    model: &str,
+    user: Option<&str>,
+    text: &str,
+    stream: bool,
+    max_tokens: u32,
+) -> String {
     let mut v = serde_json::json!({
         "model": model,
         "messages": [
             { "role": "system", "content": "You are a terse assistant." },
             { "role": "user", "content": text }
         ],
-        "max_tokens": 4,
+        "max_tokens": max_tokens,
         "stream": stream,
     });
     if stream {
