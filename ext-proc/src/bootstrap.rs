@@ -1,12 +1,14 @@
 //! `fleetroute bootstrap`: renders an Envoy bootstrap for a router config from
 //! the commented template in `envoy-config/envoy.yaml`, so the fleet clusters,
-//! their members and the fail-open routes always match the router config.
+//! their members and the fail-open routes always match the router config
+//! (fail-open routing: `fail_open`; the `envoy:` bounds: `envoy_bounds`).
 
 use std::net::SocketAddr;
 
 use serde_yaml::{Mapping, Value};
 
 use crate::config::RouterConfig;
+use crate::{envoy_bounds, fail_open};
 
 /// The commented template, shipped inside the binary.
 pub const TEMPLATE: &str = include_str!("../../envoy-config/envoy.yaml");
@@ -63,6 +65,7 @@ pub fn render(
 ) -> Result<String, String> {
     let mut doc: Value = serde_yaml::from_str(template).map_err(|e| format!("template: {e}"))?;
     *get_mut(&mut doc, &["admin", "address", "socket_address"])? = socket_address(opts.envoy_admin);
+    envoy_bounds::overload(&mut doc, &cfg.envoy)?;
 
     let listener = get_mut(&mut doc, &["static_resources", "listeners"])?
         .get_mut(0)
@@ -74,6 +77,7 @@ pub fn render(
         .and_then(|f| f.get_mut(0))
         .and_then(|f| f.get_mut("typed_config"))
         .ok_or("template: no http_connection_manager")?;
+    envoy_bounds::connection_manager(hcm, &cfg.envoy)?;
 
     for filter in get_mut(hcm, &["http_filters"])?
         .as_sequence_mut()
@@ -99,11 +103,11 @@ pub fn render(
         .ok_or("template: no routes")?;
     let chosen = routes
         .first()
-        .cloned()
-        .ok_or("template: no cluster_header route")?;
+        .ok_or_else(|| "template: no cluster_header route".to_string())
+        .and_then(|r| envoy_bounds::chosen_routes(r, &cfg.envoy))?;
     routes.clear();
-    routes.push(chosen);
-    routes.extend(fallback_routes(cfg));
+    routes.extend(chosen);
+    routes.extend(fail_open::routes(cfg));
 
     let clusters = get_mut(&mut doc, &["static_resources", "clusters"])?
         .as_sequence_mut()
@@ -113,9 +117,14 @@ pub fn render(
         .find(|c| c.get("load_balancing_policy").is_some())
         .cloned()
         .ok_or("template: no fleet cluster to copy")?;
+    let aggregate = clusters
+        .iter()
+        .find(|c| c.get("cluster_type").is_some())
+        .cloned()
+        .ok_or("template: no aggregate cluster to copy")?;
     let mut out: Vec<Value> = clusters
         .iter()
-        .filter(|c| c.get("load_balancing_policy").is_none())
+        .filter(|c| c.get("load_balancing_policy").is_none() && c.get("cluster_type").is_none())
         .cloned()
         .collect();
     for c in &mut out {
@@ -138,50 +147,16 @@ pub fn render(
         group.insert(key("lb_endpoints"), Value::Sequence(lb?));
         *get_mut(&mut c, &["load_assignment", "endpoints"])? =
             Value::Sequence(vec![Value::Mapping(group)]);
+        envoy_bounds::fleet_cluster(&mut c, cfg)?;
+        out.push(c);
+    }
+    for (name, members) in fail_open::aggregates(cfg) {
+        let mut c = aggregate.clone();
+        envoy_bounds::aggregate_cluster(&mut c, &name, &members, &cfg.envoy)?;
         out.push(c);
     }
     *clusters = out;
     serde_yaml::to_string(&doc).map_err(|e| e.to_string())
-}
-
-/// Fail-open routes, used only when fleetroute could not be asked: each model
-/// goes to its stage's first fleet, which lies inside the stage's residency.
-fn fallback_routes(cfg: &RouterConfig) -> Vec<Value> {
-    let mut routes = Vec::new();
-    for stage in &cfg.stages {
-        let Some(fleet) = stage.fleets.first() else {
-            continue;
-        };
-        for model in stage.models.iter().chain([&stage.name]) {
-            routes.push(
-                serde_yaml::from_str(&format!(
-                    "match: {{ prefix: '/', headers: [{{ name: x-fleetroute-model, string_match: {{ exact: {} }} }}] }}\n\
-                     route: {{ cluster: {}, timeout: 600s }}",
-                    serde_json::to_string(model).expect("string"),
-                    serde_json::to_string(fleet).expect("string"),
-                ))
-                .expect("generated yaml"),
-            );
-        }
-    }
-    let default_fleet = cfg
-        .default_stage
-        .as_ref()
-        .and_then(|d| cfg.stages.iter().find(|s| &s.name == d))
-        .and_then(|s| s.fleets.first());
-    routes.push(match default_fleet {
-        Some(f) => serde_yaml::from_str(&format!(
-            "match: {{ prefix: '/' }}\nroute: {{ cluster: {}, timeout: 600s }}",
-            serde_json::to_string(f).expect("string")
-        ))
-        .expect("generated yaml"),
-        None => serde_yaml::from_str(
-            "match: { prefix: '/' }\n\
-             direct_response: { status: 404, body: { inline_string: '{\"error\":{\"message\":\"no stage serves this model\",\"type\":\"routing_error\",\"code\":\"model_not_found\"}}' } }",
-        )
-        .expect("static yaml"),
-    });
-    routes
 }
 
 #[cfg(test)]

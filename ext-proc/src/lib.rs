@@ -5,6 +5,8 @@ pub mod admin;
 pub mod bootstrap;
 pub mod cli;
 pub mod config;
+pub mod envoy_bounds;
+pub mod fail_open;
 pub mod metrics;
 pub mod observe;
 pub mod route;

@@ -1,12 +1,14 @@
 //! Loading and validating the router config. Every error names its field path,
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
+mod envoy;
 mod model;
 mod validate;
 
 use std::fmt;
 use std::path::Path;
 
+pub use envoy::*;
 pub use model::*;
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,6 +11,9 @@ pub struct RouterConfig {
     pub health_check: HealthCheckConfig,
     #[serde(default)]
     pub engine_metrics: EngineMetricsConfig,
+    /// Bounds written into the rendered Envoy bootstrap.
+    #[serde(default)]
+    pub envoy: super::EnvoyConfig,
     /// Stage for requests whose model names no stage (or that name none).
     #[serde(default)]
     pub default_stage: Option<String>,

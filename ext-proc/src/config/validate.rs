@@ -528,7 +528,88 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
     {
         e.push("default_stage", format!("unknown stage '{d}'"));
     }
+    validate_envoy(&cfg.envoy, &mut e);
     e.0
+}
+
+/// The smallest heap the overload manager may be given: Envoy with the Wasm
+/// runtime idles at tens of MiB, so less would refuse every request.
+const MIN_HEAP_BYTES: u64 = 64 << 20;
+
+/// The `envoy:` section: every bound must be set (0 would disable it).
+fn validate_envoy(v: &super::EnvoyConfig, e: &mut Errors) {
+    let t = &v.timeouts;
+    for (field, ms) in [
+        ("request_headers_ms", t.request_headers_ms),
+        ("request_ms", t.request_ms),
+        ("stream_idle_ms", t.stream_idle_ms),
+        ("connection_idle_ms", t.connection_idle_ms),
+        ("upstream_idle_ms", t.upstream_idle_ms),
+        ("response_ms", t.response_ms),
+    ] {
+        if !(1..=MAX_SECONDS * 1000).contains(&ms) {
+            e.push(
+                format!("envoy.timeouts.{field}"),
+                format!("{ms} must be between 1 and {}", MAX_SECONDS * 1000),
+            );
+        }
+    }
+    if t.upstream_idle_ms > t.response_ms {
+        e.push(
+            "envoy.timeouts.upstream_idle_ms",
+            "must not exceed envoy.timeouts.response_ms",
+        );
+    }
+    let o = &v.overload;
+    if o.max_heap_bytes < MIN_HEAP_BYTES {
+        e.push(
+            "envoy.overload.max_heap_bytes",
+            format!("must be at least {MIN_HEAP_BYTES} (64 MiB)"),
+        );
+    }
+    if o.max_connections == 0 {
+        e.push("envoy.overload.max_connections", "must be at least 1");
+    }
+    let r = &v.retries;
+    if !(r.budget_percent.is_finite() && r.budget_percent > 0.0 && r.budget_percent <= 100.0) {
+        e.push(
+            "envoy.retries.budget_percent",
+            format!("{} must be above 0 and at most 100", r.budget_percent),
+        );
+    }
+    if r.min_concurrency == 0 {
+        e.push("envoy.retries.min_concurrency", "must be at least 1");
+    }
+    let od = &v.outlier;
+    for (field, n) in [
+        ("consecutive_5xx", od.consecutive_5xx),
+        (
+            "consecutive_gateway_failure",
+            od.consecutive_gateway_failure,
+        ),
+        (
+            "consecutive_local_origin_failure",
+            od.consecutive_local_origin_failure,
+        ),
+    ] {
+        if n == 0 {
+            e.push(format!("envoy.outlier.{field}"), "must be at least 1");
+        }
+    }
+    for (field, ms) in [
+        ("interval_ms", od.interval_ms),
+        ("base_ejection_ms", od.base_ejection_ms),
+    ] {
+        if !(1..=MAX_SECONDS * 1000).contains(&ms) {
+            e.push(
+                format!("envoy.outlier.{field}"),
+                format!("{ms} must be between 1 and {}", MAX_SECONDS * 1000),
+            );
+        }
+    }
+    if od.max_ejection_percent > 100 {
+        e.push("envoy.outlier.max_ejection_percent", "must be at most 100");
+    }
 }
 
 #[cfg(test)]
@@ -677,5 +758,48 @@ stages:
             .replace("order: [gb200-rack, h200-burst]", "order: [x, y]")
             .replace("\"10.0.0.12:8000\"", "\"10.0.0.11:8000\"");
         assert_eq!(errors(&yaml).len(), 3);
+    }
+
+    #[test]
+    fn envoy_bounds_are_checked_with_their_paths() {
+        for (section, says) in [
+            (
+                "envoy: { timeouts: { request_ms: 0 } }",
+                "envoy.timeouts.request_ms: 0 must be between 1 and",
+            ),
+            (
+                "envoy: { timeouts: { upstream_idle_ms: 700000 } }",
+                "envoy.timeouts.upstream_idle_ms: must not exceed envoy.timeouts.response_ms",
+            ),
+            (
+                "envoy: { overload: { max_heap_bytes: 1000 } }",
+                "envoy.overload.max_heap_bytes: must be at least",
+            ),
+            (
+                "envoy: { retries: { budget_percent: 150 } }",
+                "envoy.retries.budget_percent: 150 must be above 0",
+            ),
+            (
+                "envoy: { outlier: { consecutive_local_origin_failure: 0 } }",
+                "envoy.outlier.consecutive_local_origin_failure: must be at least 1",
+            ),
+            (
+                "envoy: { outlier: { max_ejection_percent: 101 } }",
+                "envoy.outlier.max_ejection_percent: must be at most 100",
+            ),
+        ] {
+            let errs = errors(&format!("{section}\n{GOOD}"));
+            assert!(errs.iter().any(|e| e.contains(says)), "{section}: {errs:?}");
+        }
+        assert!(
+            errors(&format!(
+                "envoy: {{ timeouts: {{ request_ms: 5000 }} }}\n{GOOD}"
+            ))
+            .is_empty()
+        );
+        let unknown = errors(&format!(
+            "envoy: {{ timeouts: {{ upload_ms: 5 }} }}\n{GOOD}"
+        ));
+        assert!(unknown[0].contains("upload_ms"), "{unknown:?}");
     }
 }
