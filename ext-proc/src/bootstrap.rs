@@ -112,19 +112,24 @@ pub fn render(
     let clusters = get_mut(&mut doc, &["static_resources", "clusters"])?
         .as_sequence_mut()
         .ok_or("template: clusters is not a list")?;
+    let is_fallback = |c: &Value| {
+        c.get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n.starts_with(fail_open::CLUSTER_PREFIX))
+    };
     let prototype = clusters
         .iter()
-        .find(|c| c.get("load_balancing_policy").is_some())
+        .find(|c| c.get("load_balancing_policy").is_some() && !is_fallback(c))
         .cloned()
         .ok_or("template: no fleet cluster to copy")?;
-    let aggregate = clusters
+    let fallback = clusters
         .iter()
-        .find(|c| c.get("cluster_type").is_some())
+        .find(|c| is_fallback(c))
         .cloned()
-        .ok_or("template: no aggregate cluster to copy")?;
+        .ok_or("template: no fail-open cluster to copy")?;
     let mut out: Vec<Value> = clusters
         .iter()
-        .filter(|c| c.get("load_balancing_policy").is_none() && c.get("cluster_type").is_none())
+        .filter(|c| c.get("load_balancing_policy").is_none())
         .cloned()
         .collect();
     for c in &mut out {
@@ -150,9 +155,9 @@ pub fn render(
         envoy_bounds::fleet_cluster(&mut c, cfg)?;
         out.push(c);
     }
-    for (name, members) in fail_open::aggregates(cfg) {
-        let mut c = aggregate.clone();
-        envoy_bounds::aggregate_cluster(&mut c, &name, &members, &cfg.envoy)?;
+    for stage in &cfg.stages {
+        let mut c = fallback.clone();
+        envoy_bounds::fallback_cluster(&mut c, cfg, stage)?;
         out.push(c);
     }
     *clusters = out;

@@ -1,13 +1,13 @@
 //! Writes the router config's `envoy:` bounds and `health_check` into the
 //! rendered bootstrap: timeouts on the connection manager and routes, the
-//! overload manager's limits, and the fleet clusters' health checks, outlier
-//! detection and retry budget. The template holds the defaults, so rendering
+//! overload manager's limits, the retry budgets, and the fail-open clusters'
+//! health checks and outlier detection. The template holds the defaults, so rendering
 //! the shipped router config reproduces it exactly.
 
 use serde_yaml::Value;
 
-use crate::config::{EnvoyConfig, RouterConfig};
-use crate::fail_open::duration;
+use crate::config::{EnvoyConfig, RouterConfig, StageConfig};
+use crate::fail_open::{self, duration};
 
 fn at<'a>(v: &'a mut Value, path: &[&str]) -> Result<&'a mut Value, String> {
     let mut cur = v;
@@ -117,8 +117,26 @@ fn retry_budget(c: &mut Value, e: &EnvoyConfig) -> Result<(), String> {
     set(c, &path, int(e.retries.min_concurrency.into()))
 }
 
-/// A fleet cluster: health checks, outlier detection, retry budget.
+/// A fleet cluster: its retry budget.
 pub fn fleet_cluster(c: &mut Value, cfg: &RouterConfig) -> Result<(), String> {
+    retry_budget(c, &cfg.envoy)
+}
+
+/// A stage's fail-open cluster: its members, health checks, outlier
+/// detection and retry budget.
+pub fn fallback_cluster(
+    c: &mut Value,
+    cfg: &RouterConfig,
+    stage: &StageConfig,
+) -> Result<(), String> {
+    let name = Value::String(fail_open::cluster_name(&stage.name));
+    set(c, &["name"], name.clone())?;
+    set(c, &["load_assignment", "cluster_name"], name)?;
+    set(
+        c,
+        &["load_assignment", "endpoints"],
+        fail_open::endpoints(cfg, stage)?,
+    )?;
     let hc = &cfg.health_check;
     let h = at(c, &["health_checks", "0"])?;
     set(h, &["timeout"], duration(hc.timeout_ms))?;
@@ -156,20 +174,4 @@ pub fn fleet_cluster(c: &mut Value, cfg: &RouterConfig) -> Result<(), String> {
         int(o.max_ejection_percent.into()),
     )?;
     retry_budget(c, &cfg.envoy)
-}
-
-/// An aggregate cluster of the fail-open routes.
-pub fn aggregate_cluster(
-    c: &mut Value,
-    name: &str,
-    members: &[String],
-    e: &EnvoyConfig,
-) -> Result<(), String> {
-    set(c, &["name"], Value::String(name.to_string()))?;
-    set(
-        c,
-        &["cluster_type", "typed_config", "clusters"],
-        Value::Sequence(members.iter().cloned().map(Value::String).collect()),
-    )?;
-    retry_budget(c, e)
 }

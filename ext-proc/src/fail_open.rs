@@ -4,11 +4,14 @@
 //! ejects hands its share to the stage's other fleets, never to a fleet
 //! outside the stage (so never outside its residency).
 //!
-//! Mechanism: per stage with several fleets, one aggregate cluster per fleet
-//! F (`F@stage`) listing F first and then the stage's other fleets; the
-//! route splits by `weighted_clusters` over those aggregates. An aggregate
-//! sends to its first cluster while enough of its hosts are healthy and spills
-//! to the next as they fail.
+//! Mechanism: one cluster per stage (`fallback/<stage>`) holding the stage's
+//! replicas, one locality per fleet, with Envoy's health checks and outlier
+//! detection. Locality-weighted balancing scales each fleet's weight by the
+//! share of its hosts that are healthy, so a dead fleet's share moves to the
+//! others at once; priorities give the failover order. (Aggregate clusters
+//! over the fleet clusters were tried first: with Envoy 1.40 their view of
+//! health lagged the health checker, and requests still reached a dead fleet
+//! after its hosts were marked unhealthy.)
 
 use serde_json::json;
 use serde_yaml::Value;
@@ -18,33 +21,38 @@ use crate::config::{PolicyKind, RouterConfig, StageConfig, TimeoutsConfig};
 /// The stream header's value for a streaming request (the Wasm filter's).
 pub const STREAMING: &str = "1";
 
-/// Where a stage's fail-open traffic goes.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
-    /// Cluster → share (integers, reduced). One entry: no split.
-    pub shares: Vec<(String, u32)>,
-    /// Aggregate clusters to define: name → member clusters in order.
-    pub aggregates: Vec<(String, Vec<String>)>,
+/// Fleet names cannot hold '/', so no fallback cluster shares a fleet's name.
+pub const CLUSTER_PREFIX: &str = "fallback/";
+
+pub fn cluster_name(stage: &str) -> String {
+    format!("{CLUSTER_PREFIX}{stage}")
 }
 
-pub fn aggregate_name(fleet: &str, stage: &str) -> String {
-    format!("{fleet}@{stage}")
+/// One fleet inside a stage's fallback cluster.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Locality {
+    pub fleet: String,
+    /// 0 takes traffic first; higher levels only as lower ones fail.
+    pub priority: u32,
+    /// Share within its priority (Envoy's locality weight, at least 1).
+    pub weight: u32,
 }
 
 /// What "configured proportions" means per policy: `weighted` is weight ×
-/// replica count (as fleetroute's weighted policy shares keys); `priority` is
-/// everything to the first fleet in `order`; `latency` and `cost` have no
-/// fixed proportions, so traffic is spread by replica count.
-pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Plan {
+/// replica count (as fleetroute's weighted policy shares keys), and fleets
+/// of weight 0 only take over when the others fail; `priority` is the `order`,
+/// one priority level per fleet; `latency` and `cost` have no fixed
+/// proportions, so traffic is spread by replica count.
+pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
     let replicas = |name: &str| {
         cfg.fleets
             .iter()
             .find(|f| f.name == name)
-            .map_or(0, |f| f.endpoints.len()) as f64
+            .map_or(0, |f| f.endpoints.len())
     };
     let r = &stage.routing;
-    // The stage's fleets in failover order, each with its raw share.
-    let mut ranked: Vec<(String, f64)> = match r.policy {
+    let mut out = Vec::new();
+    match r.policy {
         PolicyKind::Priority => {
             let mut order: Vec<String> = r.order.clone().unwrap_or_default();
             for f in &stage.fleets {
@@ -52,74 +60,44 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Plan {
                     order.push(f.clone());
                 }
             }
-            order
-                .into_iter()
-                .enumerate()
-                .map(|(i, f)| (f, if i == 0 { 1.0 } else { 0.0 }))
-                .collect()
+            out.extend(order.into_iter().enumerate().map(|(i, fleet)| Locality {
+                fleet,
+                priority: i as u32,
+                weight: 1,
+            }));
         }
-        PolicyKind::Weighted => {
-            let mut v: Vec<(String, f64)> = stage
+        PolicyKind::Weighted | PolicyKind::Latency | PolicyKind::Cost => {
+            let shares: Vec<f64> = stage
                 .fleets
                 .iter()
                 .map(|f| {
-                    let w = r
-                        .weights
-                        .as_ref()
-                        .and_then(|w| w.get(f).copied())
-                        .unwrap_or(1.0);
-                    (f.clone(), w * replicas(f))
+                    let w = match r.policy {
+                        PolicyKind::Weighted => r
+                            .weights
+                            .as_ref()
+                            .and_then(|w| w.get(f).copied())
+                            .unwrap_or(1.0),
+                        _ => 1.0,
+                    };
+                    w * replicas(f) as f64
                 })
                 .collect();
-            v.sort_by(|a, b| b.1.total_cmp(&a.1));
-            v
-        }
-        PolicyKind::Latency | PolicyKind::Cost => stage
-            .fleets
-            .iter()
-            .map(|f| (f.clone(), replicas(f)))
-            .collect(),
-    };
-    let total: f64 = ranked.iter().map(|(_, s)| s).sum();
-    if !(total.is_finite() && total > 0.0) {
-        // Nothing has a share (no replicas, or weights of 0): the first fleet
-        // still takes it, failing over to the others.
-        for (i, (_, s)) in ranked.iter_mut().enumerate() {
-            *s = if i == 0 { 1.0 } else { 0.0 };
+            let ints = if shares.iter().any(|s| *s > 0.0) {
+                integer_shares(&shares)
+            } else {
+                vec![1; shares.len()]
+            };
+            let g = ints.iter().fold(0, |g, w| gcd(g, *w)).max(1);
+            out.extend(stage.fleets.iter().zip(ints).map(|(f, w)| Locality {
+                fleet: f.clone(),
+                priority: u32::from(w == 0),
+                weight: (w / g).max(1),
+            }));
         }
     }
-    let mut ints: Vec<(String, u32)> = ranked
-        .iter()
-        .zip(integer_shares(
-            &ranked.iter().map(|(_, s)| *s).collect::<Vec<_>>(),
-        ))
-        .map(|((f, _), w)| (f.clone(), w))
-        .filter(|(_, w)| *w > 0)
-        .collect();
-    let g = ints.iter().fold(0, |g, (_, w)| gcd(g, *w)).max(1);
-    for (_, w) in &mut ints {
-        *w /= g;
-    }
-    if stage.fleets.len() < 2 {
-        return Plan {
-            shares: ints,
-            aggregates: Vec::new(),
-        };
-    }
-    let order: Vec<&String> = ranked.iter().map(|(f, _)| f).collect();
-    let aggregates = ints
-        .iter()
-        .map(|(f, _)| {
-            let mut members = vec![f.clone()];
-            members.extend(order.iter().filter(|o| **o != f).map(|o| (*o).clone()));
-            (aggregate_name(f, &stage.name), members)
-        })
-        .collect();
-    let shares = ints
-        .into_iter()
-        .map(|(f, w)| (aggregate_name(&f, &stage.name), w))
-        .collect();
-    Plan { shares, aggregates }
+    // A fleet without replicas has nothing to offer.
+    out.retain(|l| replicas(&l.fleet) > 0);
+    out
 }
 
 /// Envoy's weights are integers: exact when the shares are whole numbers at
@@ -153,6 +131,7 @@ fn retry_policy(t: &TimeoutsConfig, streaming: bool) -> serde_json::Value {
     let mut p = json!({
         "retry_on": "connect-failure,refused-stream,reset-before-request",
         "num_retries": 2,
+        "retry_back_off": { "base_interval": "0.005s", "max_interval": "0.05s" },
         "retry_host_predicate": [{
             "name": "envoy.retry_host_predicates.previous_hosts",
             "typed_config": {
@@ -169,14 +148,7 @@ fn retry_policy(t: &TimeoutsConfig, streaming: bool) -> serde_json::Value {
 
 /// The streaming and the non-streaming route for one match (streaming first:
 /// the other matches both).
-fn route_pair(header: Option<&str>, plan: &Plan, t: &TimeoutsConfig) -> [Value; 2] {
-    let target = match plan.shares.as_slice() {
-        [(cluster, _)] => json!({ "cluster": cluster }),
-        shares => json!({ "weighted_clusters": { "clusters": shares
-            .iter()
-            .map(|(name, weight)| json!({ "name": name, "weight": weight }))
-            .collect::<Vec<_>>() } }),
-    };
+fn route_pair(header: Option<&str>, stage: &str, t: &TimeoutsConfig) -> [Value; 2] {
     [true, false].map(|streaming| {
         let mut headers = Vec::new();
         if let Some(model) = header {
@@ -189,9 +161,11 @@ fn route_pair(header: Option<&str>, plan: &Plan, t: &TimeoutsConfig) -> [Value; 
         if !headers.is_empty() {
             m["headers"] = json!(headers);
         }
-        let mut route = target.clone();
-        route["timeout"] = json!(format!("{}s", t.response_ms as f64 / 1000.0));
-        route["retry_policy"] = retry_policy(t, streaming);
+        let route = json!({
+            "cluster": cluster_name(stage),
+            "timeout": format!("{}s", t.response_ms as f64 / 1000.0),
+            "retry_policy": retry_policy(t, streaming),
+        });
         serde_yaml::to_value(json!({ "match": m, "route": route })).expect("json is yaml")
     })
 }
@@ -201,21 +175,16 @@ pub fn routes(cfg: &RouterConfig) -> Vec<Value> {
     let t = &cfg.envoy.timeouts;
     let mut routes = Vec::new();
     for stage in &cfg.stages {
-        if stage.fleets.is_empty() {
-            continue;
-        }
-        let plan = plan(cfg, stage);
         for model in stage.models.iter().chain([&stage.name]) {
-            routes.extend(route_pair(Some(model), &plan, t));
+            routes.extend(route_pair(Some(model), &stage.name, t));
         }
     }
     let default_stage = cfg
         .default_stage
         .as_ref()
-        .and_then(|d| cfg.stages.iter().find(|s| &s.name == d))
-        .filter(|s| !s.fleets.is_empty());
+        .and_then(|d| cfg.stages.iter().find(|s| &s.name == d));
     match default_stage {
-        Some(s) => routes.extend(route_pair(None, &plan(cfg, s), t)),
+        Some(s) => routes.extend(route_pair(None, &s.name, t)),
         None => routes.push(
             serde_yaml::from_str(
                 "match: { prefix: '/' }\n\
@@ -227,13 +196,32 @@ pub fn routes(cfg: &RouterConfig) -> Vec<Value> {
     routes
 }
 
-/// Every aggregate cluster the fail-open routes name: (name, members).
-pub fn aggregates(cfg: &RouterConfig) -> Vec<(String, Vec<String>)> {
-    cfg.stages
-        .iter()
-        .filter(|s| !s.fleets.is_empty())
-        .flat_map(|s| plan(cfg, s).aggregates)
-        .collect()
+/// The `load_assignment.endpoints` of a stage's fallback cluster.
+pub fn endpoints(cfg: &RouterConfig, stage: &StageConfig) -> Result<Value, String> {
+    let mut groups = Vec::new();
+    for l in plan(cfg, stage) {
+        let fleet = cfg
+            .fleets
+            .iter()
+            .find(|f| f.name == l.fleet)
+            .ok_or_else(|| format!("unknown fleet '{}'", l.fleet))?;
+        let mut eps = Vec::new();
+        for e in &fleet.endpoints {
+            let a: std::net::SocketAddr = e.parse().map_err(|_| format!("'{e}' is not ip:port"))?;
+            eps.push(json!({ "endpoint": { "address": { "socket_address": {
+                "address": a.ip().to_string(), "port_value": a.port() } } } }));
+        }
+        let mut g = json!({
+            "locality": { "sub_zone": l.fleet },
+            "load_balancing_weight": l.weight,
+            "lb_endpoints": eps,
+        });
+        if l.priority > 0 {
+            g["priority"] = json!(l.priority);
+        }
+        groups.push(g);
+    }
+    Ok(serde_yaml::to_value(groups).expect("json is yaml"))
 }
 
 #[cfg(test)]
@@ -248,6 +236,7 @@ fleets:
   - {{ name: b, region: us, endpoints: ["10.0.1.1:80"] }}
   - {{ name: c, region: us, endpoints: ["10.0.2.1:80", "10.0.2.2:80", "10.0.2.3:80"] }}
   - {{ name: far, region: eu, endpoints: ["10.9.0.1:80"] }}
+  - {{ name: empty, region: us }}
 stages:
   - name: s/1
     fleets: {fleets}
@@ -260,8 +249,15 @@ stages:
         .unwrap()
     }
 
-    fn shares(p: &Plan) -> Vec<(&str, u32)> {
-        p.shares.iter().map(|(n, w)| (n.as_str(), *w)).collect()
+    fn localities(c: &RouterConfig, stage: usize) -> Vec<(String, u32, u32)> {
+        plan(c, &c.stages[stage])
+            .into_iter()
+            .map(|l| (l.fleet, l.priority, l.weight))
+            .collect()
+    }
+
+    fn l(f: &str, p: u32, w: u32) -> (String, u32, u32) {
+        (f.to_string(), p, w)
     }
 
     #[test]
@@ -270,63 +266,40 @@ stages:
             "{ policy: weighted, weights: { a: 1, b: 4, c: 0 } }",
             "[a, b, c]",
         );
-        let p = plan(&c, &c.stages[0]);
-        // a: 1 × 2 = 2, b: 4 × 1 = 4, c: 0: c takes no share but stays a failover.
-        assert_eq!(shares(&p), vec![("b@s/1", 2), ("a@s/1", 1)]);
+        // a: 1 × 2 = 2, b: 4 × 1 = 4; c has weight 0: failover only.
         assert_eq!(
-            p.aggregates,
-            vec![
-                ("b@s/1".into(), vec!["b".into(), "a".into(), "c".into()]),
-                ("a@s/1".into(), vec!["a".into(), "b".into(), "c".into()]),
-            ]
+            localities(&c, 0),
+            vec![l("a", 0, 1), l("b", 0, 2), l("c", 1, 1)]
         );
+        let c = cfg(
+            "{ policy: weighted, weights: { a: 0.25, b: 0.5 } }",
+            "[a, b]",
+        );
+        assert_eq!(localities(&c, 0), vec![l("a", 0, 1), l("b", 0, 1)]);
     }
 
     #[test]
-    fn priority_sends_all_to_the_first_and_fails_over_in_order() {
+    fn priority_follows_the_order() {
         let c = cfg("{ policy: priority, order: [c, a] }", "[a, b, c]");
-        let p = plan(&c, &c.stages[0]);
-        assert_eq!(shares(&p), vec![("c@s/1", 1)]);
         assert_eq!(
-            p.aggregates,
-            vec![("c@s/1".into(), vec!["c".into(), "a".into(), "b".into()])]
+            localities(&c, 0),
+            vec![l("c", 0, 1), l("a", 1, 1), l("b", 2, 1)]
         );
     }
 
     #[test]
     fn latency_and_cost_spread_by_replica_count() {
-        let c = cfg("{ policy: latency }", "[a, c]");
-        assert_eq!(
-            shares(&plan(&c, &c.stages[0])),
-            vec![("a@s/1", 2), ("c@s/1", 3)]
-        );
+        let c = cfg("{ policy: latency }", "[a, c, empty]");
+        assert_eq!(localities(&c, 0), vec![l("a", 0, 2), l("c", 0, 3)]);
     }
 
     #[test]
-    fn a_single_fleet_stage_routes_to_its_cluster() {
-        let c = cfg("{ policy: latency }", "[a]");
-        let eu = plan(&c, &c.stages[1]);
-        assert_eq!(shares(&eu), vec![("far", 1)]);
-        assert!(eu.aggregates.is_empty());
-    }
-
-    #[test]
-    fn no_route_or_aggregate_leaves_the_stage() {
+    fn no_fallback_cluster_leaves_its_stage() {
         let c = cfg("{ policy: weighted }", "[a, b, c]");
-        for (name, members) in aggregates(&c) {
-            let stage = name.split_once('@').unwrap().1;
-            let allowed: &[&str] = if stage == "s/1" {
-                &["a", "b", "c"]
-            } else {
-                &["far"]
-            };
-            assert!(
-                members.iter().all(|m| allowed.contains(&m.as_str())),
-                "{name}: {members:?}"
-            );
-        }
-        let text = serde_yaml::to_string(&routes(&c)).unwrap();
-        assert!(!text.contains("far@"), "{text}");
+        let text = serde_yaml::to_string(&endpoints(&c, &c.stages[0]).unwrap()).unwrap();
+        assert!(!text.contains("10.9.0.1"), "{text}");
+        let eu = serde_yaml::to_string(&endpoints(&c, &c.stages[1]).unwrap()).unwrap();
+        assert!(eu.contains("10.9.0.1") && !eu.contains("10.0."), "{eu}");
     }
 
     #[test]
@@ -338,6 +311,10 @@ stages:
         assert_eq!(
             r[0]["route"]["retry_policy"]["per_try_idle_timeout"],
             Value::String("60s".into())
+        );
+        assert_eq!(
+            r[0]["route"]["cluster"],
+            Value::String("fallback/s/1".into())
         );
         assert!(r[1]["route"]["retry_policy"]["per_try_idle_timeout"].is_null());
         assert_eq!(r[0]["match"]["headers"].as_sequence().unwrap().len(), 2);

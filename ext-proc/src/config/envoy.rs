@@ -70,7 +70,12 @@ impl Default for OverloadConfig {
 }
 
 /// Retries on fleet clusters are limited by a budget that grows with load,
-/// not by Envoy's fixed default of 3 concurrent retries.
+/// not by Envoy's fixed default of 3 concurrent retries. Routes retry only
+/// failures before a request reached an engine (connect failure, refused
+/// stream, reset before the request), which cost the engines nothing, so the
+/// defaults are generous: one dead replica of two means half the fleet's
+/// requests retry at once, and a retry waiting for its backoff does not count
+/// as an active request, so the floor carries small and bursty loads.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetriesConfig {
@@ -83,8 +88,8 @@ pub struct RetriesConfig {
 impl Default for RetriesConfig {
     fn default() -> Self {
         RetriesConfig {
-            budget_percent: 25.0,
-            min_concurrency: 10,
+            budget_percent: 100.0,
+            min_concurrency: 64,
         }
     }
 }
