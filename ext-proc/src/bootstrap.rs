@@ -236,6 +236,37 @@ mod tests {
         );
     }
 
+    /// Envoy's own 413 gets exactly the filter's JSON body, and a Wasm VM
+    /// that dies is reloaded.
+    #[test]
+    fn body_limits_answer_like_the_filter() {
+        let doc: Value = serde_yaml::from_str(TEMPLATE).unwrap();
+        let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        let mapper = hcm["local_reply_config"]["mappers"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|m| {
+                m["filter"]["status_code_filter"]["comparison"]["value"]["default_value"] == 413
+            })
+            .expect("a 413 mapper");
+        let mapped: serde_json::Value =
+            serde_json::to_value(&mapper["body_format_override"]["json_format"]).unwrap();
+        let filter: serde_json::Value =
+            serde_json::from_str(&fleetroute_filter::http::LocalReply::too_large().body).unwrap();
+        assert_eq!(mapped, filter);
+        let wasm = hcm["http_filters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "envoy.filters.http.wasm")
+            .unwrap();
+        assert_eq!(
+            wasm["typed_config"]["config"]["failure_policy"],
+            "FAIL_RELOAD"
+        );
+    }
+
     #[test]
     fn fail_closed_flips_only_the_routing_filter() {
         let cfg = RouterConfig::parse(ROUTER).unwrap();

@@ -13,6 +13,10 @@ pub struct FilterConfig {
     /// Largest body the filter reads; a larger one gets a 413 JSON error. Keep it
     /// at or below the route's `request_body_buffer_limit`.
     pub max_body_bytes: usize,
+    /// Request-body bytes that Envoy may hold, per worker, for requests this
+    /// filter pauses to read; past it new bodies get a 503 JSON error
+    /// (`overloaded`). At least `max_body_bytes`.
+    pub max_buffered_bytes_per_worker: u64,
     /// Prompt bytes per prefix block (about 4 bytes per token).
     pub block_bytes: usize,
     /// Most blocks hashed per prompt; the tail of longer prompts is not indexed.
@@ -29,6 +33,7 @@ impl Default for FilterConfig {
         FilterConfig {
             paths: vec!["/v1/chat/completions".into(), "/v1/completions".into()],
             max_body_bytes: 1 << 20,
+            max_buffered_bytes_per_worker: 256 << 20,
             block_bytes: 1024,
             max_blocks: 256,
             residency_header: Some("x-residency".into()),
@@ -36,6 +41,9 @@ impl Default for FilterConfig {
         }
     }
 }
+
+/// Largest per-worker body budget (16 GiB): well past any worker's memory.
+const MAX_BUFFERED_BYTES: u64 = 16 << 30;
 
 /// Bytes per token used for every token estimate from text.
 pub const BYTES_PER_TOKEN: usize = 4;
@@ -63,6 +71,12 @@ impl FilterConfig {
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > 64 << 20 {
             return Err("max_body_bytes: must be between 1 and 67108864".into());
+        }
+        let min_budget = self.max_body_bytes as u64;
+        if !(min_budget..=MAX_BUFFERED_BYTES).contains(&self.max_buffered_bytes_per_worker) {
+            return Err(format!(
+                "max_buffered_bytes_per_worker: must be between max_body_bytes ({min_budget}) and {MAX_BUFFERED_BYTES}"
+            ));
         }
         if self.block_bytes < 16 || !self.block_bytes.is_multiple_of(BYTES_PER_TOKEN) {
             return Err(format!(
@@ -128,6 +142,14 @@ mod tests {
                 "residency_header",
             ),
             (r#"{"max_body_byte": 10}"#, "max_body_byte"),
+            (
+                r#"{"max_body_bytes": 2048, "max_buffered_bytes_per_worker": 1024}"#,
+                "max_buffered_bytes_per_worker",
+            ),
+            (
+                r#"{"max_buffered_bytes_per_worker": 17179869185}"#,
+                "max_buffered_bytes_per_worker",
+            ),
             (r#"{"max_body_bytes": "big"}"#, "plugin configuration"),
         ];
         for (json, field) in cases {

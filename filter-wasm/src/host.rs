@@ -7,10 +7,11 @@ use proxy_wasm::hostcalls::{define_metric, increment_metric};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
 
+use crate::body::{Budget, Hold, read_in_pieces};
 use crate::config::FilterConfig;
 use crate::contract::{self, ParseStatus};
 use crate::extract::{extract, model, tenant};
-use crate::http::{BodyCollector, LocalReply, check_size, is_reserved_header, wants_body};
+use crate::http::{LocalReply, check_size, is_reserved_header, wants_body};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -26,6 +27,8 @@ struct Metrics {
     too_large: u32,
     bad_residency: u32,
     reserved_stripped: u32,
+    over_budget: u32,
+    body_no_memory: u32,
 }
 
 impl Metrics {
@@ -40,6 +43,8 @@ impl Metrics {
             too_large: c("body_too_large")?,
             bad_residency: c("bad_residency")?,
             reserved_stripped: c("reserved_header_stripped")?,
+            over_budget: c("over_budget")?,
+            body_no_memory: c("body_no_memory")?,
         })
     }
 
@@ -48,9 +53,16 @@ impl Metrics {
     }
 }
 
+/// What every request of this worker's VM shares.
+struct Shared {
+    cfg: FilterConfig,
+    metrics: Metrics,
+    budget: Rc<Budget>,
+}
+
 #[derive(Default)]
 struct Root {
-    shared: Option<Rc<(FilterConfig, Metrics)>>,
+    shared: Option<Rc<Shared>>,
 }
 
 impl Context for Root {}
@@ -78,7 +90,12 @@ impl RootContext for Root {
             .ok();
             return false;
         };
-        self.shared = Some(Rc::new((cfg, metrics)));
+        let budget = Budget::new(cfg.max_buffered_bytes_per_worker);
+        self.shared = Some(Rc::new(Shared {
+            cfg,
+            metrics,
+            budget,
+        }));
         true
     }
 
@@ -86,8 +103,8 @@ impl RootContext for Root {
         let shared = self.shared.clone()?;
         Some(Box::new(Request {
             shared,
-            body: None,
-            seen: 0,
+            hold: None,
+            buffered: 0,
         }))
     }
 
@@ -97,19 +114,23 @@ impl RootContext for Root {
 }
 
 struct Request {
-    shared: Rc<(FilterConfig, Metrics)>,
-    /// `Some` while the body is being read.
-    body: Option<BodyCollector>,
-    seen: usize,
+    shared: Rc<Shared>,
+    /// `Some` while the body is paused in Envoy: its bytes count against the
+    /// worker's budget until the body is passed on or the request ends
+    /// (dropping the context, which the host does on a reset too).
+    hold: Option<Hold>,
+    /// Body bytes Envoy has buffered so far.
+    buffered: usize,
 }
 
 impl Request {
-    fn reply(&self, r: LocalReply) -> Action {
-        self.send_http_response(
-            r.status,
-            vec![("content-type", "application/json")],
-            Some(r.body.as_bytes()),
-        );
+    fn reply(&mut self, r: LocalReply) -> Action {
+        let retry_after = r.retry_after_s.map(|s| s.to_string());
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(s) = retry_after.as_deref() {
+            headers.push(("retry-after", s));
+        }
+        self.send_http_response(r.status, headers, Some(r.body.as_bytes()));
         Action::Pause
     }
 
@@ -118,10 +139,22 @@ impl Request {
         String::from_utf8(v).ok()
     }
 
-    fn finish_body(&mut self) {
-        let Some(body) = self.body.take() else { return };
-        let (cfg, m) = &*self.shared;
-        let ex = extract(body.body(), cfg);
+    /// Reads the whole buffered body once and writes the route headers.
+    fn finish_body(&mut self) -> Action {
+        if self.hold.is_none() {
+            return Action::Continue;
+        }
+        let shared = self.shared.clone();
+        let (cfg, m) = (&shared.cfg, &shared.metrics);
+        let body = read_in_pieces(self.buffered, |at, len| self.get_http_request_body(at, len));
+        let Ok(body) = body else {
+            m.inc(m.body_no_memory);
+            return self.reply(LocalReply::overloaded(
+                "the router cannot take this request body now; retry shortly",
+            ));
+        };
+        let ex = extract(&body, cfg);
+        drop(body);
         m.inc(match ex.status {
             ParseStatus::Ok => m.parse_ok,
             ParseStatus::BadShape => m.parse_bad_shape,
@@ -130,15 +163,24 @@ impl Request {
         for (name, value) in ex.headers(cfg) {
             self.set_http_request_header(name, Some(&value));
         }
+        // Passed on: Envoy streams it upstream and no longer holds it for us.
+        self.hold = None;
+        Action::Continue
     }
 }
 
-impl Context for Request {}
+impl Context for Request {
+    fn on_done(&mut self) -> bool {
+        // The stream is over (reset included): give the budget back now.
+        self.hold = None;
+        true
+    }
+}
 
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         let shared = self.shared.clone();
-        let (cfg, m) = &*shared;
+        let (cfg, m) = (&shared.cfg, &shared.metrics);
         for (name, _) in self.get_http_request_headers_bytes() {
             if is_reserved_header(&name) {
                 self.set_http_request_header(&name, None);
@@ -174,41 +216,47 @@ impl HttpContext for Request {
             m.inc(m.too_large);
             return self.reply(r);
         }
-        self.body = Some(BodyCollector::default());
+        // Envoy buffers the body while this filter pauses; it is read at its end.
+        self.hold = Some(Hold::new(shared.budget.clone()));
         Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        let Some(mut body) = self.body.take() else {
+        let Some(hold) = self.hold.as_mut() else {
             return Action::Continue;
         };
-        // Envoy keeps the paused body buffered; read only what is new.
-        if body_size > self.seen {
-            let chunk = self
-                .get_http_request_body(self.seen, body_size - self.seen)
-                .unwrap_or_default();
-            self.seen = body_size;
-            if let Err(r) = body.push(&self.shared.0, &chunk) {
-                self.shared.1.inc(self.shared.1.too_large);
-                return self.reply(r);
-            }
+        self.buffered = body_size;
+        let shared = self.shared.clone();
+        let (cfg, m) = (&shared.cfg, &shared.metrics);
+        // Checked on every chunk, so a body without content-length (or lying
+        // about it) is refused as soon as it passes the limit.
+        if let Err(r) = check_size(cfg, body_size) {
+            m.inc(m.too_large);
+            return self.reply(r);
         }
-        self.body = Some(body);
+        if hold.grow_to(body_size as u64).is_err() {
+            m.inc(m.over_budget);
+            return self.reply(LocalReply::overloaded(
+                "the router holds as many request bodies as it may; retry shortly",
+            ));
+        }
         if !end_of_stream {
             return Action::Pause;
         }
-        self.finish_body();
-        Action::Continue
+        self.finish_body()
     }
 
     fn on_http_request_trailers(&mut self, _n: usize) -> Action {
-        self.finish_body();
-        Action::Continue
+        self.finish_body()
     }
 
     fn on_http_response_headers(&mut self, _n: usize, _end_of_stream: bool) -> Action {
         // Added by the route for ext-proc's observer; the client never sees it.
         self.set_http_response_header(contract::UPSTREAM_HOST, None);
         Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.hold = None;
     }
 }

@@ -25,64 +25,60 @@ pub fn wants_body(cfg: &FilterConfig, method: &str, path: &str) -> bool {
 pub struct LocalReply {
     pub status: u32,
     pub body: String,
+    /// Seconds for a `retry-after` header, when retrying soon may succeed.
+    pub retry_after_s: Option<u32>,
 }
+
+/// The message of every 413 on a fleetroute listener: the filter's and,
+/// through the bootstrap's local reply mapper, Envoy's own (the same text is
+/// in `envoy-config/envoy.yaml`).
+pub const TOO_LARGE_MESSAGE: &str = "request body exceeds the size limit of this route";
 
 impl LocalReply {
     /// An OpenAI-style error body, so clients show the message as they would
     /// any API error.
     pub fn error(status: u32, code: &str, message: &str) -> Self {
+        Self::typed(status, "invalid_request_error", code, message)
+    }
+
+    fn typed(status: u32, kind: &str, code: &str, message: &str) -> Self {
         let body = serde_json::json!({
-            "error": { "message": message, "type": "invalid_request_error", "code": code }
+            "error": { "message": message, "type": kind, "code": code }
         });
         LocalReply {
             status,
             body: body.to_string(),
+            retry_after_s: None,
         }
     }
 
-    pub fn too_large(limit: usize) -> Self {
-        LocalReply::error(
-            413,
-            "request_too_large",
-            &format!("request body exceeds the {limit}-byte limit of this route"),
-        )
+    pub fn too_large() -> Self {
+        LocalReply::error(413, "request_too_large", TOO_LARGE_MESSAGE)
+    }
+
+    /// This worker holds as many request bodies as its budget allows, or
+    /// cannot reserve memory for this one: retry shortly (another worker or a
+    /// moment later has room).
+    pub fn overloaded(message: &str) -> Self {
+        LocalReply {
+            retry_after_s: Some(1),
+            ..Self::typed(503, "server_error", "overloaded", message)
+        }
     }
 }
 
-/// Checks a body size (declared or received so far) against the limit.
+/// Checks a body size (declared or buffered so far) against the limit.
 pub fn check_size(cfg: &FilterConfig, size: usize) -> Result<(), LocalReply> {
     if size > cfg.max_body_bytes {
-        Err(LocalReply::too_large(cfg.max_body_bytes))
+        Err(LocalReply::too_large())
     } else {
         Ok(())
-    }
-}
-
-/// Collects a body that may arrive in any number of chunks, refusing it as soon
-/// as it passes the limit. The host copies each newly buffered part into it
-/// once (Envoy keeps its own copy until the request moves on), so the limit is
-/// enforced as the body grows rather than after it has all arrived.
-#[derive(Debug, Default)]
-pub struct BodyCollector {
-    buf: Vec<u8>,
-}
-
-impl BodyCollector {
-    pub fn push(&mut self, cfg: &FilterConfig, chunk: &[u8]) -> Result<(), LocalReply> {
-        check_size(cfg, self.buf.len() + chunk.len())?;
-        self.buf.extend_from_slice(chunk);
-        Ok(())
-    }
-
-    pub fn body(&self) -> &[u8] {
-        &self.buf
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::extract::extract;
     use proptest::prelude::*;
 
     #[test]
@@ -109,46 +105,36 @@ mod tests {
 
     #[test]
     fn errors_are_openai_shaped_json() {
-        let r = LocalReply::too_large(10);
+        let r = LocalReply::too_large();
         let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
         assert_eq!(r.status, 413);
         assert_eq!(v["error"]["code"], "request_too_large");
-    }
-
-    fn body_strategy() -> impl Strategy<Value = Vec<u8>> {
-        prop_oneof![
-            "[a-z ]{0,300}".prop_map(|t| format!(
-                r#"{{"model":"m","messages":[{{"role":"system","content":"sys"}},{{"role":"user","content":"{t}"}}],"stream":true}}"#
-            ).into_bytes()),
-            "[a-z ]{0,300}".prop_map(|t| format!(r#"{{"model":"m","prompt":"{t}","user":"u"}}"#).into_bytes()),
-            proptest::collection::vec(any::<u8>(), 0..300),
-        ]
+        assert_eq!(v["error"]["message"], TOO_LARGE_MESSAGE);
+        let r = LocalReply::overloaded("busy");
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
+        assert_eq!((r.status, r.retry_after_s), (503, Some(1)));
+        assert_eq!(v["error"]["code"], "overloaded");
     }
 
     proptest! {
-        /// A body split into any chunks gives the same route headers as in one piece.
-        #[test]
-        fn chunking_never_changes_the_headers(body in body_strategy(),
-                                              cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..12)) {
-            let cfg = FilterConfig { block_bytes: 16, ..FilterConfig::default() };
-            let mut points: Vec<usize> = cuts.iter().map(|i| i.index(body.len() + 1)).collect();
-            points.sort_unstable();
-            let mut c = BodyCollector::default();
-            let mut start = 0;
-            for p in points.into_iter().chain([body.len()]) {
-                c.push(&cfg, &body[start..p]).unwrap();
-                start = p;
-            }
-            prop_assert_eq!(extract(c.body(), &cfg).headers(&cfg), extract(&body, &cfg).headers(&cfg));
-        }
-
+        /// However a body arrives, the size Envoy reports after each chunk is
+        /// refused exactly when it passes the limit.
         #[test]
         fn limit_holds_however_chunked(len in 0usize..200, chunk in 1usize..50) {
             let cfg = FilterConfig { max_body_bytes: 100, ..FilterConfig::default() };
-            let body = vec![b'x'; len];
-            let mut c = BodyCollector::default();
-            let res: Result<(), LocalReply> = body.chunks(chunk).try_for_each(|ch| c.push(&cfg, ch));
-            prop_assert_eq!(res.is_err(), len > 100);
+            let mut buffered = 0;
+            let mut refused_at = None;
+            while buffered < len {
+                buffered = (buffered + chunk).min(len);
+                if check_size(&cfg, buffered).is_err() {
+                    refused_at = Some(buffered);
+                    break;
+                }
+            }
+            prop_assert_eq!(refused_at.is_some(), len > 100);
+            if let Some(at) = refused_at {
+                prop_assert!(at > 100 && at < 100 + chunk + 1, "refused at the first chunk past the limit");
+            }
         }
     }
 }

@@ -1,7 +1,29 @@
 //! fleetroute's Envoy filter: reads an OpenAI-style request body once and writes
 //! the route headers ext-proc decides on. Everything but `host` is plain Rust,
 //! tested natively; `contract` is shared with ext-proc.
+//!
+//! A panic or a failed allocation inside Envoy's Wasm VM traps and kills the VM
+//! for every request of the worker, so code outside tests may not panic: no
+//! unwrap, expect, panic, unchecked indexing or slicing.
+#![cfg_attr(
+    not(test),
+    deny(
+        clippy::unwrap_used,
+        clippy::expect_used,
+        clippy::panic,
+        clippy::indexing_slicing,
+        clippy::string_slice,
+        clippy::unreachable,
+        clippy::todo,
+        clippy::unimplemented,
+        clippy::get_unwrap,
+        clippy::unwrap_in_result,
+        clippy::panic_in_result_fn,
+        clippy::exit,
+    )
+)]
 
+pub mod body;
 pub mod config;
 pub mod contract;
 pub mod extract;

@@ -6,8 +6,7 @@
 
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::prefix::canonical_messages;
-use super::request::{Message, Request};
+use super::request::{Messages, Request};
 use crate::contract::KeySource;
 
 /// Domain-separated so a `user` equal to some `prompt_cache_key` is another key.
@@ -35,18 +34,19 @@ pub fn sampling_key(
     }
     let content = match &req.messages {
         Some(messages) => conversation_opening(messages),
-        None => canonical[..canonical.len().min(block_bytes)].to_vec(),
+        None => canonical.get(..block_bytes).unwrap_or(canonical).to_vec(),
     };
     (!content.is_empty()).then(|| (tagged(KeySource::Content, &content), KeySource::Content))
 }
 
 /// The first system message and the first user message, in canonical form.
-fn conversation_opening(messages: &[Message<'_>]) -> Vec<u8> {
+fn conversation_opening(messages: &Messages) -> Vec<u8> {
     let mut out = Vec::new();
-    for role in ["system", "user"] {
-        if let Some(m) = messages.iter().find(|m| m.role == role) {
-            canonical_messages(std::slice::from_ref(m), &mut out);
-        }
+    for range in [&messages.first_system, &messages.first_user]
+        .into_iter()
+        .flatten()
+    {
+        out.extend_from_slice(messages.text.get(range.clone()).unwrap_or_default());
     }
     out
 }

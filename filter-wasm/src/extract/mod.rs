@@ -6,6 +6,9 @@ pub mod prefix;
 pub mod request;
 pub mod tenant;
 
+#[cfg(test)]
+mod memory_tests;
+
 use crate::config::{BYTES_PER_TOKEN, FilterConfig};
 use crate::contract::{self, KeySource, ParseStatus};
 use request::{ModelOnly, Request};
@@ -85,12 +88,12 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
             return Extraction::empty(status, m);
         }
     };
-    let canonical = canonical(&req, body.len());
+    let canonical = canonical(&req);
     Extraction {
         status: ParseStatus::Ok,
         model: req.model.as_deref().and_then(model::model),
-        key: key::sampling_key(&req, &canonical, cfg.block_bytes),
-        blocks: prefix::block_hashes(&canonical, cfg.block_bytes, cfg.max_blocks),
+        key: key::sampling_key(&req, canonical, cfg.block_bytes),
+        blocks: prefix::block_hashes(canonical, cfg.block_bytes, cfg.max_blocks),
         prompt_tokens: canonical.len().div_ceil(BYTES_PER_TOKEN) as u64,
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         stream: req.stream.unwrap_or(false),
@@ -102,23 +105,113 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
 /// Engines that model a prefix cache use this to agree with the router.
 pub fn canonical_text(body: &[u8]) -> Option<Vec<u8>> {
     let req: Request<'_> = serde_json::from_slice(body).ok()?;
-    Some(canonical(&req, body.len()))
+    Some(canonical(&req).to_vec())
 }
 
 /// The prompt text that is hashed: the chat messages, else the completions prompt.
-fn canonical(req: &Request<'_>, capacity: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(capacity);
-    if let Some(messages) = &req.messages {
-        prefix::canonical_messages(messages, &mut out);
-    } else if let Some(p) = &req.prompt {
-        prefix::canonical_prompt(p, &mut out);
+fn canonical<'r>(req: &'r Request<'_>) -> &'r [u8] {
+    match (&req.messages, &req.prompt) {
+        (Some(m), _) => &m.text,
+        (None, Some(p)) => &p.0,
+        (None, None) => &[],
     }
-    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    /// The canonical text by its definition, from a generic JSON tree.
+    fn reference_canonical(v: &Value) -> Option<Vec<u8>> {
+        let mut out = Vec::new();
+        if let Some(ms) = v.get("messages").filter(|m| !m.is_null()) {
+            for m in ms.as_array()? {
+                out.extend_from_slice(m.get("role")?.as_str()?.as_bytes());
+                out.push(prefix::ROLE_END);
+                match m.get("content") {
+                    None | Some(Value::Null) => {}
+                    Some(Value::String(t)) => out.extend_from_slice(t.as_bytes()),
+                    Some(Value::Array(parts)) => {
+                        for p in parts {
+                            let kind = p.get("type")?.as_str()?;
+                            let text = match p.get("text") {
+                                None | Some(Value::Null) => kind,
+                                Some(t) => t.as_str()?,
+                            };
+                            out.extend_from_slice(text.as_bytes());
+                            out.push(b'\n');
+                        }
+                    }
+                    Some(_) => return None,
+                }
+                out.push(prefix::ITEM_END);
+            }
+        } else if let Some(p) = v.get("prompt").filter(|p| !p.is_null()) {
+            match p {
+                Value::String(t) => out.extend_from_slice(t.as_bytes()),
+                Value::Array(items) => {
+                    for t in items {
+                        out.extend_from_slice(t.as_str()?.as_bytes());
+                        out.push(prefix::ITEM_END);
+                    }
+                }
+                _ => return None,
+            }
+        }
+        Some(out)
+    }
+
+    fn text() -> impl Strategy<Value = String> {
+        "[a-z \"\\\n\u{e9}\u{1f600}]{0,40}"
+    }
+
+    fn content() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            text().prop_map(Value::from),
+            Just(Value::Null),
+            proptest::collection::vec(
+                (text(), proptest::option::of(text())).prop_map(|(k, t)| match t {
+                    Some(t) => json!({"type": k, "text": t}),
+                    None => json!({"type": k, "image_url": {"url": "x"}}),
+                }),
+                0..4
+            )
+            .prop_map(Value::from),
+            Just(json!(7)),
+        ]
+    }
+
+    fn body() -> impl Strategy<Value = Value> {
+        let message = (
+            prop_oneof![
+                Just("system"),
+                Just("user"),
+                Just("assistant"),
+                Just("tool")
+            ],
+            content(),
+        )
+            .prop_map(|(r, c)| json!({"content": c, "role": r, "name": "n"}));
+        prop_oneof![
+            proptest::collection::vec(message, 0..6)
+                .prop_map(|ms| json!({"model": "m", "messages": ms, "tools": [{"a": [1, 2]}]})),
+            text().prop_map(|p| json!({"prompt": p, "model": "m"})),
+            proptest::collection::vec(text(), 0..5).prop_map(|ps| json!({"prompt": ps})),
+            Just(json!({"prompt": [1, 2, 3]})),
+            Just(json!({"messages": null, "prompt": "p"})),
+        ]
+    }
+
+    proptest! {
+        /// The streaming parse yields exactly the canonical text its definition gives.
+        #[test]
+        fn canonical_text_matches_its_definition(v in body()) {
+            let bytes = serde_json::to_vec(&v).unwrap();
+            prop_assert_eq!(canonical_text(&bytes), reference_canonical(&v));
+        }
+    }
 
     fn cfg() -> FilterConfig {
         FilterConfig {

@@ -1,4 +1,5 @@
-//! The canonical prompt text and its chained block hashes.
+//! Chained block hashes of the canonical prompt text (built while the body is
+//! read, in `request`).
 //!
 //! Block `i`'s hash is seeded with block `i-1`'s, so equal hashes at position `i`
 //! mean equal prompt text up to the end of block `i`. Only full blocks are hashed,
@@ -6,50 +7,10 @@
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
-use super::request::{Content, Message, Prompt};
-
 /// Separates a message's role from its content.
-const ROLE_END: u8 = 0x1f;
+pub const ROLE_END: u8 = 0x1f;
 /// Ends a message (or one prompt of a prompt array).
-const ITEM_END: u8 = 0x1e;
-
-/// Appends the canonical text of chat messages: each message's role and content,
-/// in order. A conversation's next turn extends the previous turn's text, so the
-/// two share every block of the earlier turn.
-pub fn canonical_messages(messages: &[Message<'_>], out: &mut Vec<u8>) {
-    for m in messages {
-        out.extend_from_slice(m.role.as_bytes());
-        out.push(ROLE_END);
-        match &m.content {
-            Some(Content::Text(t)) => out.extend_from_slice(t.as_bytes()),
-            Some(Content::Parts(parts)) => {
-                for p in parts {
-                    match &p.text {
-                        Some(t) => out.extend_from_slice(t.as_bytes()),
-                        // A non-text part still marks its place in the prompt.
-                        None => out.extend_from_slice(p.kind.as_bytes()),
-                    }
-                    out.push(b'\n');
-                }
-            }
-            None => {}
-        }
-        out.push(ITEM_END);
-    }
-}
-
-/// Appends the canonical text of a completions prompt.
-pub fn canonical_prompt(prompt: &Prompt<'_>, out: &mut Vec<u8>) {
-    match prompt {
-        Prompt::Text(t) => out.extend_from_slice(t.as_bytes()),
-        Prompt::Many(items) => {
-            for t in items {
-                out.extend_from_slice(t.as_bytes());
-                out.push(ITEM_END);
-            }
-        }
-    }
-}
+pub const ITEM_END: u8 = 0x1e;
 
 /// Chained hashes of the first `max_blocks` full blocks of `text`.
 pub fn block_hashes(text: &[u8], block_bytes: usize, max_blocks: usize) -> Vec<u64> {

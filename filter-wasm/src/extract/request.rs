@@ -1,16 +1,27 @@
-//! The parts of an OpenAI-style request body that routing needs, borrowed from
-//! the body where possible. Unknown fields are skipped, never rejected.
+//! The parts of an OpenAI-style request body that routing needs, read in one
+//! pass. Unknown fields are skipped (`IgnoredAny`), never rejected or built.
+//!
+//! Memory stays a small multiple of the body however hostile its shape: the
+//! prompt is turned into its canonical text while it is read (no list of
+//! messages or parts is kept), strings are borrowed from the body where they
+//! have no escapes, and nothing is buffered to guess a variant (serde's
+//! untagged enums would copy a whole value, e.g. an array of a million
+//! numbers, into a generic tree first).
 
 use std::borrow::Cow;
+use std::fmt;
+use std::ops::Range;
 
 use serde::Deserialize;
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+
+use super::prefix::{ITEM_END, ROLE_END};
 
 #[derive(Debug, Default, Deserialize)]
 pub struct Request<'a> {
     #[serde(borrow)]
     pub model: Option<Cow<'a, str>>,
-    #[serde(borrow)]
-    pub messages: Option<Vec<Message<'a>>>,
+    pub messages: Option<Messages>,
     #[serde(borrow)]
     pub prompt: Option<Prompt<'a>>,
     #[serde(borrow)]
@@ -22,41 +33,153 @@ pub struct Request<'a> {
     pub stream: Option<bool>,
 }
 
-#[derive(Debug, Deserialize)]
-pub struct Message<'a> {
+/// Chat messages in canonical form: for each message its role, `ROLE_END`, its
+/// content (text parts one per line, a non-text part by its type), `ITEM_END`.
+/// A conversation's next turn extends the previous turn's text.
+#[derive(Debug, Default)]
+pub struct Messages {
+    pub text: Vec<u8>,
+    /// Where the first system and the first user message are in `text`.
+    pub first_system: Option<Range<usize>>,
+    pub first_user: Option<Range<usize>>,
+}
+
+/// One message as it is read; appended to [`Messages`] at once.
+#[derive(Deserialize)]
+struct Message<'a> {
     #[serde(borrow)]
-    pub role: Cow<'a, str>,
+    role: Cow<'a, str>,
     #[serde(borrow, default)]
-    pub content: Option<Content<'a>>,
+    content: Option<Content<'a>>,
 }
 
-/// A message's content: a string, or an array of typed parts.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Content<'a> {
-    #[serde(borrow)]
+/// A message's content: a string, or typed parts already in canonical form.
+enum Content<'a> {
     Text(Cow<'a, str>),
-    #[serde(borrow)]
-    Parts(Vec<Part<'a>>),
+    Parts(Vec<u8>),
 }
 
-#[derive(Debug, Deserialize)]
-pub struct Part<'a> {
+impl Content<'_> {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Content::Text(t) => t.as_bytes(),
+            Content::Parts(p) => p,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Part<'a> {
     #[serde(borrow, rename = "type")]
-    pub kind: Cow<'a, str>,
+    kind: Cow<'a, str>,
     #[serde(borrow, default)]
-    pub text: Option<Cow<'a, str>>,
+    text: Option<Cow<'a, str>>,
 }
 
-/// A completions prompt: a string or an array of strings.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Prompt<'a> {
-    #[serde(borrow)]
-    Text(Cow<'a, str>),
-    #[serde(borrow)]
-    Many(Vec<Cow<'a, str>>),
+/// A completions prompt in canonical form: a string as is, an array of strings
+/// each followed by `ITEM_END`.
+#[derive(Debug)]
+pub struct Prompt<'a>(pub Cow<'a, [u8]>);
+
+impl<'de> Deserialize<'de> for Messages {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Messages;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a list of messages")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Messages, A::Error> {
+                let mut out = Messages::default();
+                while let Some(m) = seq.next_element::<Message<'de>>()? {
+                    let start = out.text.len();
+                    let content = m.content.as_ref().map_or(&[][..], Content::bytes);
+                    // One growth per message at most: a large message is not
+                    // copied again by the pushes after it.
+                    out.text.reserve(m.role.len() + content.len() + 2);
+                    out.text.extend_from_slice(m.role.as_bytes());
+                    out.text.push(ROLE_END);
+                    out.text.extend_from_slice(content);
+                    out.text.push(ITEM_END);
+                    let slot = match &*m.role {
+                        "system" => &mut out.first_system,
+                        "user" => &mut out.first_user,
+                        _ => continue,
+                    };
+                    slot.get_or_insert(start..out.text.len());
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_seq(V)
+    }
 }
+
+impl<'de: 'a, 'a> Deserialize<'de> for Content<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Content<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of content parts")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Content<'de>, E> {
+                Ok(Content::Text(Cow::Owned(s)))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(p) = seq.next_element::<Part<'de>>()? {
+                    // A non-text part still marks its place in the prompt.
+                    out.extend_from_slice(p.text.as_deref().unwrap_or(&p.kind).as_bytes());
+                    out.push(b'\n');
+                }
+                Ok(Content::Parts(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Prompt<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Prompt<'de>, E> {
+                Ok(Prompt(Cow::Borrowed(s.as_bytes())))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Prompt<'de>, E> {
+                Ok(Prompt(Cow::Owned(s.as_bytes().to_vec())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Prompt<'de>, E> {
+                Ok(Prompt(Cow::Owned(s.into_bytes())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Prompt<'de>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(Text(t)) = seq.next_element::<Text<'de>>()? {
+                    out.extend_from_slice(t.as_bytes());
+                    out.push(ITEM_END);
+                }
+                Ok(Prompt(Cow::Owned(out)))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A string borrowed from the body unless it has escapes (a bare `Cow` in a
+/// list would always be copied).
+#[derive(Deserialize)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 /// Only the model, for bodies whose other fields have the wrong shape.
 #[derive(Debug, Deserialize)]

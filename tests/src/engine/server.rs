@@ -48,6 +48,7 @@ pub fn router(replica: Arc<Replica>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(prometheus))
         // Prompts up to the filter's largest readable body.
@@ -78,6 +79,17 @@ async fn health(State(rep): State<Arc<Replica>>) -> Response {
         200 => "ok".into_response(),
         status => ApiError::injected(status).into_response(),
     }
+}
+
+/// The models this replica serves (empty: it answers for any model).
+async fn models(State(rep): State<Arc<Replica>>) -> Response {
+    let data: Vec<serde_json::Value> = rep
+        .settings
+        .models
+        .iter()
+        .map(|m| serde_json::json!({ "id": m, "object": "model", "owned_by": "fleetroute-engine" }))
+        .collect();
+    axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
 }
 
 async fn prometheus(State(rep): State<Arc<Replica>>) -> Response {

@@ -50,6 +50,9 @@ pub struct LabSpec<'a> {
     pub fail_closed: bool,
     /// Token for admin API changes (none: read-only).
     pub admin_token: Option<&'a str>,
+    /// Envoy worker threads (none: 2). One worker puts every request in one
+    /// Wasm VM.
+    pub envoy_workers: Option<u32>,
 }
 
 pub struct Lab {
@@ -175,7 +178,9 @@ impl Lab {
             Command::new("envoy")
                 .arg("-c")
                 .arg(&envoy_yaml)
-                .args(["--log-level", "warn", "--concurrency", "2", "--base-id"])
+                .args(["--log-level", "warn", "--concurrency"])
+                .arg(spec.envoy_workers.unwrap_or(2).to_string())
+                .arg("--base-id")
                 .arg(free_port().to_string()),
             dir.path(),
         );
