@@ -183,7 +183,11 @@ mod tests {
             key_source: source,
             ..Default::default()
         };
-        let first = |k, source| decide(&shared.snapshot(), &key(k, source), 0).unwrap().replicas[0];
+        let first = |k, source| {
+            decide(&shared.snapshot(), &key(k, source), 0)
+                .unwrap()
+                .replicas[0]
+        };
         let fail = |w: &mut Writer, k: u64, replica: usize, status: u16, early: bool| {
             w.apply(
                 Event::Observed(Box::new(Observation {

@@ -71,7 +71,14 @@ impl FailedKeysWriter {
     }
 
     /// `replica` of `fleet` failed the conversation `key`.
-    pub fn record(&mut self, now: Instant, key: u64, generation: u64, fleet: usize, replica: usize) {
+    pub fn record(
+        &mut self,
+        now: Instant,
+        key: u64,
+        generation: u64,
+        fleet: usize,
+        replica: usize,
+    ) {
         if replica >= 64 {
             return;
         }
@@ -132,7 +139,10 @@ mod tests {
         let keys = w.keys();
         w.record(now, 7, 1, 0, 1);
         w.record(now, 7, 1, 0, 3);
-        assert_eq!(keys.avoid(7, 1).map(|a| (a.fleet, a.mask)), Some((0, 0b1010)));
+        assert_eq!(
+            keys.avoid(7, 1).map(|a| (a.fleet, a.mask)),
+            Some((0, 0b1010))
+        );
         // Another generation's indices mean nothing.
         assert_eq!(keys.avoid(7, 2), None);
         // A failure in another fleet replaces the entry.

@@ -26,8 +26,8 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 pub use changes::Change;
-pub use decision_log::DecisionRecord;
 use decision_log::DecisionLog;
+pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
 use health::Health;
 use load::RequestGuard;

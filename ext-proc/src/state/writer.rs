@@ -11,15 +11,15 @@ use moka::sync::Cache;
 use tokio::sync::mpsc;
 
 use super::accounting::Accounting;
+use super::failed_keys::FailedKeysWriter;
 use super::figures::{FleetFigures, FleetWindow};
 use super::health::{Health, HealthMachine};
 use super::load::ReplicaLoad;
-use super::failed_keys::FailedKeysWriter;
 use super::outlier::{self, ReplicaOutlier};
 use super::prefix_index::IndexWriter;
 use super::{
-    DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared,
-    Snapshot, StageFleetFigures, TICK, UNCLAIMED_TTL,
+    DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared, Snapshot,
+    StageFleetFigures, TICK, UNCLAIMED_TTL,
 };
 use crate::config::RouterConfig;
 use crate::metrics::{Metrics, Outcome, StageFleet, StageFleetArm, Tokens};
@@ -524,7 +524,11 @@ fn failover(topo: &Topology, snap: &Snapshot, f: usize) -> bool {
     stages.peek().is_some()
         && stages.all(|s| {
             s.fleets.iter().any(|&g| {
-                g != f && snap.replicas.get(g).is_some_and(|v| v.iter().any(|r| r.ready()))
+                g != f
+                    && snap
+                        .replicas
+                        .get(g)
+                        .is_some_and(|v| v.iter().any(|r| r.ready()))
             })
         })
 }
