@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use fleetroute::config::RouterConfig;
+use fleetroute::observe::Observation;
 use fleetroute::route::decide;
+use fleetroute::route::experiment::Arm;
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::rendezvous::{score, unit};
 use fleetroute::state::{Event, Routed, Shared, Writer};
@@ -108,6 +110,7 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
         w.apply(
             Event::Routed(Box::new(Routed {
                 generation: 1,
+                decision_id: i as u64,
                 request_id: String::new(),
                 stage: d.stage,
                 fleet: d.fleet,
@@ -125,6 +128,36 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
         drop(snap);
         w.drain(now);
     }
+}
+
+/// Failures of keys `0..n` on replica 0 of both fleets (the probes' keys are
+/// their indices).
+fn remember_failures(w: &mut Writer, cfg: &RouterConfig, n: u64) {
+    let now = Instant::now();
+    for k in 0..n {
+        let f = &cfg.fleets[(k % 2) as usize];
+        w.apply(
+            Event::Observed(Box::new(Observation {
+                stage: "s".into(),
+                fleet: f.name.clone(),
+                replica: f.endpoints[0].clone(),
+                served_by: None,
+                status: Some(503),
+                time_to_first_byte: None,
+                total: Duration::from_millis(1),
+                usage: None,
+                predicted_cached_tokens: 0,
+                uncached_tokens: 0,
+                queued_tokens: 0,
+                arm: Arm::None,
+                stream: false,
+                ended_early: false,
+                key: Some(k),
+            })),
+            now,
+        );
+    }
+    w.drain(now);
 }
 
 /// Per-call times over at least 20 000 decisions (the probes cycled), so a
@@ -189,6 +222,14 @@ fn main() {
     });
     c.final_summary();
     percentiles("decide, 2x32 replicas, 64-block prompts", &shared, &probe);
+    // The same with 60,000 conversations a replica failed remembered, every
+    // probe's among them: each decision then skips a replica.
+    remember_failures(&mut w, &cfg, 60_000);
+    percentiles(
+        "decide, 2x32 replicas, 64-block prompts, 60,000 failed keys remembered",
+        &shared,
+        &probe,
+    );
     drop((shared, w));
 
     // 1M blocks in one fleet's index, 64 replicas, 128-block prompts.

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
 use crate::config::{Bounds, ExperimentConfig, RoutingConfig};
+use crate::state::decision_log;
 use crate::state::health::Health;
 use crate::state::{Change, Shared, Snapshot};
 use crate::topology::Policy;
@@ -47,10 +48,31 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(serde_json::json!({ "error": message.into() }))).into_response()
 }
 
+/// The token changes must carry, as given at start. An empty (or blank)
+/// token is refused: it would match an empty `Bearer` credential.
+pub fn admin_token(given: Option<String>) -> Result<Option<String>, String> {
+    match given {
+        Some(t) if t.trim().is_empty() => Err(
+            "the admin token is empty (--admin-token or FLEETROUTE_ADMIN_TOKEN): give a \
+             non-empty token, or set neither for a read-only admin API"
+                .into(),
+        ),
+        other => Ok(other),
+    }
+}
+
+/// The credential of an `Authorization: Bearer <token>` header: the scheme
+/// is case-insensitive (RFC 9110), and an empty credential is no credential.
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim_start().split_once([' ', '\t'])?;
+    let token = rest.trim_matches([' ', '\t']);
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Changes need `Authorization: Bearer <token>`; without a configured token
 /// the API is read-only.
 fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), Box<Response>> {
-    let Some(token) = &state.token else {
+    let Some(token) = state.token.as_deref().filter(|t| !t.is_empty()) else {
         return Err(Box::new(error(
             StatusCode::FORBIDDEN,
             "changes are disabled: start fleetroute with --admin-token (or FLEETROUTE_ADMIN_TOKEN)",
@@ -59,7 +81,7 @@ fn authorize(state: &AdminState, headers: &HeaderMap) -> Result<(), Box<Response
     let given = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer);
     // Constant time: the comparison does not reveal how much of a guess matched.
     let matches = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(token.as_bytes())));
     if !matches {
@@ -110,16 +132,23 @@ async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
 #[derive(Deserialize)]
 struct DecisionQuery {
     id: Option<String>,
+    decision: Option<String>,
     limit: Option<usize>,
 }
 
+/// Newest first; at most `limit` records and `RESPONSE_BYTES` of JSON.
 async fn decisions(
     State(s): State<AdminState>,
     Query(q): Query<DecisionQuery>,
 ) -> impl IntoResponse {
-    Json(
-        s.shared
-            .recent_decisions(q.id.as_deref(), q.limit.unwrap_or(100).min(4096)),
+    let records = s.shared.recent_decisions(decision_log::Query {
+        request_id: q.id.as_deref(),
+        decision_id: q.decision.as_deref(),
+        limit: q.limit.unwrap_or(100).min(decision_log::LOG_ENTRIES),
+    });
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        decision_log::json_within(&records, decision_log::RESPONSE_BYTES),
     )
 }
 
@@ -367,5 +396,38 @@ async fn reload(State(s): State<AdminState>, headers: HeaderMap) -> Response {
     match crate::serve::reload(&s.shared, &s.config_path, "admin API").await {
         Ok(what) => Json(serde_json::json!({ "applied": what })).into_response(),
         Err(why) => error(StatusCode::BAD_REQUEST, why),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_or_blank_token_is_refused_at_start() {
+        for t in ["", " ", "\t"] {
+            let e = admin_token(Some(t.into())).unwrap_err();
+            assert!(e.contains("admin token is empty"), "{e}");
+        }
+        assert_eq!(admin_token(None), Ok(None));
+        assert_eq!(admin_token(Some("x".into())), Ok(Some("x".into())));
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive_and_needs_a_credential() {
+        for (header, want) in [
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("BEARER  abc ", Some("abc")),
+            ("Bearer\tabc", Some("abc")),
+            ("Bearer ", None),
+            ("Bearer", None),
+            ("bearer   ", None),
+            ("Basic abc", None),
+            ("Bearerabc", None),
+            ("", None),
+        ] {
+            assert_eq!(bearer(header), want, "{header:?}");
+        }
     }
 }

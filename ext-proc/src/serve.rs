@@ -26,6 +26,7 @@ pub struct ServeOptions {
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
+    let token = crate::admin::admin_token(opts.admin_token)?;
     let cfg =
         RouterConfig::load(&opts.config).map_err(|e| format!("{}:\n{e}", opts.config.display()))?;
     let (shared, writer) = Writer::new(&cfg);
@@ -42,14 +43,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let admin = TcpListener::bind(opts.admin)
         .await
         .map_err(|e| format!("admin listener {}: {e}", opts.admin))?;
-    if opts.admin_token.is_none() {
+    if token.is_none() {
         tracing::info!("no admin token configured: the admin API is read-only");
     }
     tracing::info!(grpc = %grpc.local_addr()?, admin = %admin.local_addr()?, "fleetroute listening");
     let admin_app = crate::admin::router(AdminState {
         shared: shared.clone(),
         config_path: opts.config.clone(),
-        token: opts.admin_token.clone(),
+        token,
     });
     tokio::spawn(async move {
         if let Err(e) = axum::serve(admin, admin_app).await {

@@ -40,9 +40,8 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
         Ok(p) => {
             // The observing stream claims the load by this nonce, which only
             // fleetroute writes (a client can send any x-request-id).
-            let nonce = fastrand::u64(..);
-            shared.hold_load(nonce, p.guard);
-            mutation::route(&p.snapshot.topo, &p.decision, nonce)
+            shared.hold_load(p.nonce, p.guard);
+            mutation::route(&p.snapshot.topo, &p.decision, p.nonce)
         }
         Err(reject) => mutation::reject(&reject),
     }

@@ -168,10 +168,11 @@ fn hex_digit(c: u8) -> Option<u8> {
 }
 
 /// The decision as ext-proc's observing stream reads it back from the request:
-/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>|<nonce>`
+/// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>|<nonce>|<key>`
 /// (queued: prefill tokens already waiting on the replica when it was chosen;
 /// arm: `none`, `control` or `variant` of the stage's A/B test; nonce: the
-/// decision's id, 16 hex digits, which the observer uses to find its load).
+/// decision's id, 16 hex digits, which the observer uses to find its load;
+/// key: the sampling key, 16 hex digits, zero when the request had none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteTag<'a> {
     pub stage: &'a str,
@@ -182,12 +183,15 @@ pub struct RouteTag<'a> {
     pub queued_tokens: u64,
     pub arm: &'a str,
     pub nonce: u64,
+    /// The request's sampling key, 0 when it had none: a conversation the
+    /// replica fails is steered away from it on its next turn.
+    pub key: u64,
 }
 
 impl<'a> RouteTag<'a> {
     pub fn encode(&self) -> String {
         format!(
-            "{}|{}|{}|{}|{}|{}|{}|{:016x}",
+            "{}|{}|{}|{}|{}|{}|{}|{:016x}|{:016x}",
             self.stage,
             self.fleet,
             self.replica,
@@ -195,7 +199,8 @@ impl<'a> RouteTag<'a> {
             self.uncached_tokens,
             self.queued_tokens,
             self.arm,
-            self.nonce
+            self.nonce,
+            self.key
         )
     }
 
@@ -210,6 +215,7 @@ impl<'a> RouteTag<'a> {
             queued_tokens: it.next()?.parse().ok()?,
             arm: it.next()?,
             nonce: decode_u64(it.next()?.as_bytes())?,
+            key: decode_u64(it.next()?.as_bytes())?,
         };
         it.next().is_none().then_some(tag)
     }
@@ -245,12 +251,12 @@ mod tests {
 
     #[test]
     fn route_tag_rejects_extra_fields() {
-        let ok = "a|b|c|1|2|3|none|00000000000000ff";
+        let ok = "a|b|c|1|2|3|none|00000000000000ff|0000000000000000";
         assert_eq!(RouteTag::decode(ok).map(|t| t.nonce), Some(255));
         assert!(RouteTag::decode(&format!("{ok}|x")).is_none());
-        assert!(RouteTag::decode("a|b|c|x|2|3|none|00000000000000ff").is_none());
-        assert!(RouteTag::decode("a|b|c|1|2|3|none|ff").is_none());
-        assert!(RouteTag::decode("a|b|c|1|2|3|none").is_none());
+        assert!(RouteTag::decode("a|b|c|x|2|3|none|00000000000000ff|0000000000000000").is_none());
+        assert!(RouteTag::decode("a|b|c|1|2|3|none|ff|0000000000000000").is_none());
+        assert!(RouteTag::decode("a|b|c|1|2|3|none|00000000000000ff").is_none());
     }
 
     proptest! {
@@ -264,9 +270,9 @@ mod tests {
         #[test]
         fn route_tag_round_trips(stage in "[a-z/-]{1,20}", fleet in "[a-z-]{1,20}",
                                  replica in "[0-9.:]{1,21}", c in any::<u64>(), u in any::<u64>(), q in any::<u64>(),
-                                 arm in "none|control|variant", nonce in any::<u64>()) {
+                                 arm in "none|control|variant", nonce in any::<u64>(), key in any::<u64>()) {
             let tag = RouteTag { stage: &stage, fleet: &fleet, replica: &replica,
-                                 predicted_cached_tokens: c, uncached_tokens: u, queued_tokens: q, arm: &arm, nonce };
+                                 predicted_cached_tokens: c, uncached_tokens: u, queued_tokens: q, arm: &arm, nonce, key };
             let s = tag.encode();
             prop_assert_eq!(RouteTag::decode(&s), Some(tag));
         }

@@ -34,7 +34,7 @@ fn clients_cannot_choose_cluster_or_host() {
         let other = lab.replicas.keys().find(|n| **n != chosen).unwrap().clone();
         // A well-formed tag, so only its removal keeps it from being believed.
         let forged_route = format!(
-            "chat|burst|{}|0|0|0|none|0000000000000001",
+            "chat|burst|{}|0|0|0|none|0000000000000001|0000000000000001",
             lab.replicas[&other]
         );
         for target in [

@@ -280,9 +280,16 @@ pub struct OutlierConfig {
     /// Error rates also need to exceed the median by this much (absolute), so
     /// 2% against 0% is not an outlier.
     pub min_error_rate_gap: f64,
+    /// A replica whose error rate (errors and streams that ended early) is
+    /// at least this is ejected even without three comparable replicas to
+    /// compare it with (one- and two-replica fleets).
+    pub max_error_rate: f64,
     pub window_s: u64,
+    /// Outcomes a replica needs in the window before it is judged.
     pub min_samples: u32,
-    /// Never more than this share of a fleet's replicas ejected at once.
+    /// Never more than this share of a fleet's replicas ejected at once; a
+    /// fleet whose share rounds to none may still lose one replica when its
+    /// stages have another fleet with a ready replica to take its traffic.
     pub max_ejected_share: f64,
     pub base_ejection_s: u64,
     pub max_ejection_s: u64,
@@ -294,6 +301,7 @@ impl Default for OutlierConfig {
             enabled: true,
             factor: 2.0,
             min_error_rate_gap: 0.1,
+            max_error_rate: 0.5,
             window_s: 30,
             min_samples: 10,
             max_ejected_share: 0.5,

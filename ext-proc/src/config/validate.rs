@@ -354,6 +354,15 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
                 "must be between 0 and 1",
             );
         }
+        if !(o.max_error_rate > 0.0 && o.max_error_rate <= 1.0) {
+            e.push(
+                format!("{p}.outlier.max_error_rate"),
+                "must be more than 0 and at most 1",
+            );
+        }
+        if o.min_samples == 0 {
+            e.push(format!("{p}.outlier.min_samples"), "must be at least 1");
+        }
         if o.window_s == 0 || o.base_ejection_s == 0 || o.max_ejection_s < o.base_ejection_s {
             e.push(
                 format!("{p}.outlier"),
@@ -723,6 +732,14 @@ stages:
             (
                 format!("{GOOD}    outlier: {{ max_ejection_s: 100000 }}\n"),
                 "stages[0].outlier.max_ejection_s: 100000 is more than a day",
+            ),
+            (
+                format!("{GOOD}    outlier: {{ max_error_rate: 0 }}\n"),
+                "stages[0].outlier.max_error_rate: must be more than 0 and at most 1",
+            ),
+            (
+                format!("{GOOD}    outlier: {{ max_error_rate: 1.5, min_samples: 0 }}\n"),
+                "stages[0].outlier.min_samples: must be at least 1",
             ),
             (
                 format!(

@@ -39,6 +39,8 @@ pub struct Observation {
     pub stream: bool,
     /// The response ended before it was complete (reset, or SSE without [DONE]).
     pub ended_early: bool,
+    /// The request's sampling key, when it had one.
+    pub key: Option<u64>,
 }
 
 /// The decision, read back from the route tag.
@@ -50,6 +52,7 @@ struct RouteInfo {
     uncached: u64,
     queued: u64,
     arm: Arm,
+    key: Option<u64>,
 }
 
 pub struct Observer {
@@ -101,6 +104,7 @@ impl Observer {
             uncached: t.uncached_tokens,
             queued: t.queued_tokens,
             arm: Arm::parse(t.arm),
+            key: Some(t.key).filter(|&k| k != 0),
         });
     }
 
@@ -160,6 +164,7 @@ impl Observer {
             predicted,
             uncached,
             queued,
+            key,
         }) = self.route.take()
         else {
             return;
@@ -183,6 +188,7 @@ impl Observer {
             arm,
             stream: self.sse.is_some(),
             ended_early,
+            key,
         })));
     }
 }

@@ -72,6 +72,11 @@ pub fn candidates(
             stage_residency: stage.residency.join(","),
         });
     }
+    // Replicas that failed this conversation before (only real sampling
+    // keys: a request-id hash never comes back).
+    let avoid = key
+        .key_source
+        .and_then(|_| snap.failed_keys.avoid(key.key, topo.generation));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
     let mut matches: Matches = [0; 64];
     for &f in &stage.fleets {
@@ -84,25 +89,26 @@ pub fn candidates(
         } else {
             snap.fleets[f].prefix.matches(&key.blocks, &mut matches)
         };
-        let mut best_unit = 0.0f64;
-        let mut best_match = 0u16;
-        let ready: Vec<ReadyReplica> = fleet
+        let mut ready: Vec<ReadyReplica> = fleet
             .replicas
             .iter()
             .enumerate()
             .filter(|(r, _)| snap.replicas[f][*r].ready())
-            .map(|(r, rep)| {
-                let u = unit(key.key, rep.seed);
-                let matched = if depth == 0 { 0 } else { matches[r] };
-                best_unit = best_unit.max(u);
-                best_match = best_match.max(matched);
-                ReadyReplica {
-                    replica: r,
-                    unit: u,
-                    matched,
-                }
+            .map(|(r, rep)| ReadyReplica {
+                replica: r,
+                unit: unit(key.key, rep.seed),
+                matched: if depth == 0 { 0 } else { matches[r] },
             })
             .collect();
+        if let Some(a) = avoid.filter(|a| a.fleet == f) {
+            let failed = |r: &ReadyReplica| a.mask & (1 << r.replica) != 0;
+            // Skip them while another ready replica remains.
+            if ready.iter().any(|r| !failed(r)) {
+                ready.retain(|r| !failed(r));
+            }
+        }
+        let best_unit = ready.iter().map(|r| r.unit).fold(0.0f64, f64::max);
+        let best_match = ready.iter().map(|r| r.matched).max().unwrap_or(0);
         if !ready.is_empty() {
             let utilisation = saturation::utilisation(fleet, ready.iter().map(|r| r.replica));
             let min_queued = ready
@@ -133,4 +139,99 @@ pub fn candidates(
         });
     }
     Ok(Candidates { fleets })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use fleetroute_filter::contract::KeySource;
+
+    use crate::config::RouterConfig;
+    use crate::observe::Observation;
+    use crate::route::decide;
+    use crate::route::experiment::Arm;
+    use crate::route::key::RouteKey;
+    use crate::state::{Event, Writer};
+
+    #[test]
+    fn a_conversation_its_replica_failed_skips_that_replica_next_turn() {
+        let cfg = RouterConfig::parse(
+            "fleets: [{ name: f, region: us, endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\", \"10.0.0.3:1\"] }]\n\
+             stages: [{ name: s, models: [m], fleets: [f] }]\n",
+        )
+        .unwrap();
+        let (shared, mut w) = Writer::new(&cfg);
+        let now = Instant::now();
+        for r in 0..3 {
+            for _ in 0..2 {
+                w.apply(
+                    Event::Health {
+                        generation: 1,
+                        fleet: 0,
+                        replica: r,
+                        ok: true,
+                    },
+                    now,
+                );
+            }
+        }
+        w.drain(now);
+        let key = |k, source| RouteKey {
+            model: Some("m"),
+            key: k,
+            key_source: source,
+            ..Default::default()
+        };
+        let first = |k, source| {
+            decide(&shared.snapshot(), &key(k, source), 0)
+                .unwrap()
+                .replicas[0]
+        };
+        let fail = |w: &mut Writer, k: u64, replica: usize, status: u16, early: bool| {
+            w.apply(
+                Event::Observed(Box::new(Observation {
+                    stage: "s".into(),
+                    fleet: "f".into(),
+                    replica: cfg.fleets[0].endpoints[replica].clone(),
+                    served_by: None,
+                    status: Some(status),
+                    time_to_first_byte: None,
+                    total: Duration::from_millis(5),
+                    usage: None,
+                    predicted_cached_tokens: 0,
+                    uncached_tokens: 0,
+                    queued_tokens: 0,
+                    arm: Arm::None,
+                    stream: true,
+                    ended_early: early,
+                    key: Some(k),
+                })),
+                now,
+            );
+            w.drain(now);
+        };
+        let user = Some(KeySource::User);
+        let home = first(42, user);
+        // A stream that ended early: the next turn goes elsewhere.
+        fail(&mut w, 42, home, 200, true);
+        let second = first(42, user);
+        assert_ne!(second, home);
+        // It fails there too: the third replica takes it.
+        fail(&mut w, 42, second, 503, false);
+        let third = first(42, user);
+        assert!(third != home && third != second);
+        // Every replica failed it: none is skipped rather than none served.
+        fail(&mut w, 42, third, 503, false);
+        assert_eq!(first(42, user), home);
+        // A client error says nothing about the replica; other keys keep
+        // their home.
+        let other = first(7, user);
+        fail(&mut w, 7, other, 400, false);
+        assert_eq!(first(7, user), other);
+        // Without a sampling key there is no conversation to move.
+        let anon = first(9, None);
+        fail(&mut w, 9, anon, 503, false);
+        assert_eq!(first(9, None), anon);
+    }
 }

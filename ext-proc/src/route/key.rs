@@ -5,11 +5,28 @@ use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute_filter::contract::{self, KeySource};
 use xxhash_rust::xxh3::xxh3_64;
 
+/// Longest client `x-request-id` fleetroute keeps (bytes): anything longer is
+/// cut before it is stored, hashed or logged.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// `id` cut to at most [`MAX_REQUEST_ID`] bytes, on a character boundary.
+pub fn truncate_id(id: &str) -> &str {
+    if id.len() <= MAX_REQUEST_ID {
+        return id;
+    }
+    let mut end = MAX_REQUEST_ID;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &id[..end]
+}
+
 /// Most blocks ext-proc reads from one request.
 pub use fleetroute_filter::contract::MAX_BLOCKS;
 
 #[derive(Debug, Default)]
 pub struct RouteKey<'a> {
+    /// The client's `x-request-id`, truncated to [`MAX_REQUEST_ID`] bytes.
     pub request_id: &'a str,
     pub model: Option<&'a str>,
     /// The sampling key; a hash of the request id when the filter found none,
@@ -42,7 +59,7 @@ impl<'a> RouteKey<'a> {
             let name = h.key.as_str();
             if !name.starts_with(contract::INTERNAL_PREFIX) {
                 if name == "x-request-id" {
-                    k.request_id = value(h);
+                    k.request_id = truncate_id(value(h));
                 }
                 continue;
             }
@@ -69,5 +86,31 @@ impl<'a> RouteKey<'a> {
             }
         }
         k
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+
+    #[test]
+    fn client_request_ids_are_cut_on_a_character_boundary() {
+        assert_eq!(truncate_id("abc"), "abc");
+        let long = "a".repeat(50_000);
+        assert_eq!(truncate_id(&long).len(), MAX_REQUEST_ID);
+        // A 2-byte character straddling the limit is dropped whole.
+        let straddle = format!("{}é", "a".repeat(MAX_REQUEST_ID - 1));
+        assert_eq!(truncate_id(&straddle).len(), MAX_REQUEST_ID - 1);
+        let map = HeaderMap {
+            headers: vec![HeaderValue {
+                key: "x-request-id".into(),
+                raw_value: long.into_bytes(),
+                ..Default::default()
+            }],
+        };
+        let k = RouteKey::from_headers(&map);
+        assert_eq!(k.request_id.len(), MAX_REQUEST_ID);
+        assert_eq!(k.key, xxh3_64(&[b'a'; MAX_REQUEST_ID]));
     }
 }

@@ -32,6 +32,8 @@ pub struct Decision {
     pub arm: experiment::Arm,
     /// A shadow fleet to mirror the request to.
     pub shadow: Option<usize>,
+    /// The request's sampling key, when it had one (not a request-id hash).
+    pub sampling_key: Option<u64>,
 }
 
 /// Why a request cannot be routed; each becomes a JSON error for the client.
@@ -134,5 +136,6 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         queued_tokens: choice.queued_tokens,
         arm,
         shadow: experiment::shadow(stage, snap, key),
+        sampling_key: key.key_source.map(|_| key.key),
     })
 }

@@ -53,6 +53,7 @@ pub fn route(topo: &Topology, d: &Decision, nonce: u64) -> ProcessingResponse {
         queued_tokens: d.queued_tokens,
         arm: d.arm.as_str(),
         nonce,
+        key: d.sampling_key.unwrap_or(0),
     };
     let lb = Struct {
         fields: HashMap::from([(

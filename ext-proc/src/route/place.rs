@@ -12,6 +12,9 @@ use crate::state::{Event, Routed, Shared, Snapshot};
 pub struct Placed {
     pub snapshot: Arc<Snapshot>,
     pub decision: Decision,
+    /// fleetroute's id of this decision: the observer claims the load by it,
+    /// and the debug log records it. Only fleetroute writes it.
+    pub nonce: u64,
     /// The request's share of the replica's load, until released.
     pub guard: RequestGuard,
 }
@@ -31,8 +34,10 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
     let topo = &snapshot.topo;
     let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
     let guard = replica.load.start(decision.uncached_tokens);
+    let nonce = fastrand::u64(..);
     shared.emit(Event::Routed(Box::new(Routed {
         generation: topo.generation,
+        decision_id: nonce,
         request_id: key.request_id.to_string(),
         stage: decision.stage,
         fleet: decision.fleet,
@@ -48,6 +53,7 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
     Ok(Placed {
         snapshot,
         decision,
+        nonce,
         guard,
     })
 }

@@ -5,6 +5,8 @@
 pub mod accounting;
 pub mod autoscale;
 mod changes;
+pub mod decision_log;
+pub mod failed_keys;
 pub mod figures;
 pub mod health;
 pub mod load;
@@ -15,7 +17,6 @@ pub mod scrape;
 pub mod warmup;
 mod writer;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +26,8 @@ use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
 pub use changes::Change;
+use decision_log::DecisionLog;
+pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
 use health::Health;
 use load::RequestGuard;
@@ -48,6 +51,8 @@ pub struct Snapshot {
     pub stages: Vec<Vec<StageFleetFigures>>,
     /// The config in effect (the file plus changes made through the admin API).
     pub config: Arc<RouterConfig>,
+    /// Conversations replicas failed (read lock-free; the writer's map).
+    pub failed_keys: Arc<failed_keys::FailedKeys>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
@@ -100,6 +105,9 @@ pub struct StageFleetFigures {
 #[derive(Clone, Debug)]
 pub struct Routed {
     pub generation: u64,
+    /// fleetroute's own id of the decision (the observation's nonce).
+    pub decision_id: u64,
+    /// The client's `x-request-id`, already truncated (`route::key`).
     pub request_id: String,
     pub stage: usize,
     pub fleet: usize,
@@ -110,19 +118,6 @@ pub struct Routed {
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
     pub prompt_tokens: u64,
-    pub predicted_cached_tokens: u64,
-}
-
-/// A decision as `/debug/decisions` shows it.
-#[derive(Clone, Debug, Serialize)]
-pub struct DecisionRecord {
-    pub request_id: String,
-    pub stage: String,
-    pub fleet: String,
-    pub replica: String,
-    pub key_source: &'static str,
-    pub arm: &'static str,
-    pub shadow: Option<String>,
     pub predicted_cached_tokens: u64,
 }
 
@@ -158,7 +153,6 @@ pub enum Event {
 /// How long a decision's load waits for the observing stream to claim it
 /// before it is released anyway (the observer was never reached).
 const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
-const DECISION_LOG: usize = 4096;
 const EVENT_QUEUE: usize = 65_536;
 /// How often saturation, figures, outliers and metrics are re-evaluated.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -170,7 +164,7 @@ pub struct Shared {
     /// Load guards of routed requests, by decision nonce, until observed.
     pending: Cache<u64, Arc<RequestGuard>>,
     /// Recent decisions for `/debug/decisions`; only the writer appends.
-    decisions: Mutex<VecDeque<DecisionRecord>>,
+    decisions: Mutex<DecisionLog>,
     pub metrics: Metrics,
 }
 
@@ -225,13 +219,8 @@ impl Shared {
         self.pending.remove(&nonce)
     }
 
-    pub fn recent_decisions(&self, request_id: Option<&str>, limit: usize) -> Vec<DecisionRecord> {
+    pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {
         let log = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
-        log.iter()
-            .rev()
-            .filter(|d| request_id.is_none_or(|id| d.request_id == id))
-            .take(limit)
-            .cloned()
-            .collect()
+        log.find(q)
     }
 }

@@ -2,7 +2,9 @@
 //! traffic should show identical numbers, so a replica whose error rate or
 //! normalised latency exceeds its fleet's median by a factor is ejected for
 //! a while, with exponential backoff, and never more than a share of the
-//! fleet at once.
+//! fleet at once. A median needs three comparable replicas; below that (and
+//! for replicas that fail most of what they serve) an absolute error rate
+//! decides, so one- and two-replica fleets are protected too.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -11,6 +13,10 @@ use super::figures::per_k_tokens;
 use crate::config::OutlierConfig;
 
 const MAX_SAMPLES: usize = 512;
+/// Outcomes that judge a replica back from an ejection (until a long clean
+/// spell clears its strikes): a replica that is still broken fails a few
+/// requests on return, not another `min_samples`.
+const PROBATION_SAMPLES: usize = 3;
 
 #[derive(Clone, Copy, Debug)]
 struct Sample {
@@ -125,28 +131,27 @@ impl ReplicaOutlier {
 
 /// One evaluation of a fleet: which replicas to eject now. `eligible[i]` is
 /// false for replicas that are out of rotation for other reasons.
+/// `failover` says the fleet's stages have another fleet with a ready
+/// replica: then a fleet whose `max_ejected_share` rounds to no replica (a
+/// one-replica fleet) may still lose one, and its traffic fails over.
 pub fn evaluate(
     replicas: &mut [ReplicaOutlier],
     eligible: &[bool],
     cfg: &OutlierConfig,
+    failover: bool,
     now: Instant,
 ) -> Vec<(usize, Duration)> {
     let stats: Vec<ReplicaStats> = replicas
         .iter_mut()
         .map(|r| r.stats(now, Duration::from_secs(cfg.window_s)))
         .collect();
+    let live = |i: usize| eligible[i] && !replicas[i].is_ejected(now);
     let judged: Vec<usize> = (0..replicas.len())
-        .filter(|&i| {
-            eligible[i]
-                && !replicas[i].is_ejected(now)
-                && stats[i].samples >= cfg.min_samples as usize
-        })
+        .filter(|&i| live(i) && stats[i].samples >= cfg.min_samples as usize)
         .collect();
     // A median needs company: with fewer than three comparable replicas one
     // slow replica is half the evidence.
-    if judged.len() < 3 {
-        return Vec::new();
-    }
+    let relative = judged.len() >= 3;
     let med = |f: &dyn Fn(&ReplicaStats) -> Option<f64>| {
         median(judged.iter().filter_map(|&i| f(&stats[i])).collect())
     };
@@ -154,13 +159,25 @@ pub fn evaluate(
     let ttft_med = med(&|s| s.ttft_norm);
     let tok_med = med(&|s| s.per_token);
     let worse = |v: Option<f64>, m: Option<f64>| matches!((v, m), (Some(v), Some(m)) if m > 0.0 && v > m * cfg.factor);
-    let mut outliers: Vec<(usize, f64)> = judged
-        .iter()
-        .filter_map(|&i| {
+    let mut outliers: Vec<(usize, f64)> = (0..replicas.len())
+        .filter(|&i| live(i))
+        .filter_map(|i| {
             let s = &stats[i];
-            let bad_err = s.error_rate > err_med * cfg.factor
-                && s.error_rate - err_med >= cfg.min_error_rate_gap;
-            let bad = bad_err || worse(s.ttft_norm, ttft_med) || worse(s.per_token, tok_med);
+            let enough = s.samples >= cfg.min_samples as usize
+                || (replicas[i].strikes > 0 && s.samples >= PROBATION_SAMPLES);
+            if !enough {
+                return None;
+            }
+            let gap = s.error_rate - err_med >= cfg.min_error_rate_gap;
+            // Absolute: fails most of what it serves. With company it must
+            // also stand out, so a fleet-wide failure ejects no one.
+            let failing = s.error_rate >= cfg.max_error_rate && (!relative || gap);
+            let bad = failing
+                || (relative
+                    && judged.contains(&i)
+                    && ((s.error_rate > err_med * cfg.factor && gap)
+                        || worse(s.ttft_norm, ttft_med)
+                        || worse(s.per_token, tok_med)));
             // Worst first, so a capped ejection takes the worst replicas.
             let severity = s.error_rate + s.ttft_norm.zip(ttft_med).map_or(0.0, |(v, m)| v / m);
             bad.then_some((i, severity))
@@ -168,7 +185,10 @@ pub fn evaluate(
         .collect();
     outliers.sort_by(|a, b| b.1.total_cmp(&a.1));
     let already = replicas.iter().filter(|r| r.is_ejected(now)).count();
-    let cap = ((replicas.len() as f64) * cfg.max_ejected_share).floor() as usize;
+    let mut cap = ((replicas.len() as f64) * cfg.max_ejected_share).floor() as usize;
+    if cap == 0 && cfg.max_ejected_share > 0.0 && failover {
+        cap = 1;
+    }
     outliers
         .into_iter()
         .take(cap.saturating_sub(already))
@@ -205,7 +225,7 @@ mod tests {
         let now = Instant::now();
         let cfg = OutlierConfig::default();
         let mut f = fleet(4, &[2], now);
-        let out = evaluate(&mut f, &[true; 4], &cfg, now);
+        let out = evaluate(&mut f, &[true; 4], &cfg, false, now);
         assert_eq!(out, vec![(2, Duration::from_secs(10))]);
         assert!(f[2].is_ejected(now));
         assert!(!f[2].is_ejected(now + Duration::from_secs(11)));
@@ -232,7 +252,7 @@ mod tests {
             }
         }
         assert_eq!(
-            evaluate(&mut f, &[true; 4], &cfg, later),
+            evaluate(&mut f, &[true; 4], &cfg, false, later),
             vec![(2, Duration::from_secs(20))]
         );
     }
@@ -245,9 +265,9 @@ mod tests {
             ..Default::default()
         };
         let mut f = fleet(8, &[1, 5, 6], now);
-        assert_eq!(evaluate(&mut f, &[true; 8], &cfg, now).len(), 2);
+        assert_eq!(evaluate(&mut f, &[true; 8], &cfg, false, now).len(), 2);
         let mut two = fleet(2, &[1], now);
-        assert!(evaluate(&mut two, &[true; 2], &OutlierConfig::default(), now).is_empty());
+        assert!(evaluate(&mut two, &[true; 2], &OutlierConfig::default(), true, now).is_empty());
     }
 
     #[test]
@@ -257,10 +277,96 @@ mod tests {
         let mut f = fleet(4, &[], now);
         // 1 error in 21 is 5%: more than 2x a 0% median, but under the gap.
         f[0].record(now, false, None, 0, 1.0, 0);
-        assert!(evaluate(&mut f, &[true; 4], &cfg, now).is_empty());
+        assert!(evaluate(&mut f, &[true; 4], &cfg, false, now).is_empty());
         for _ in 0..10 {
             f[0].record(now, false, None, 0, 1.0, 0);
         }
-        assert_eq!(evaluate(&mut f, &[true; 4], &cfg, now).len(), 1);
+        assert_eq!(evaluate(&mut f, &[true; 4], &cfg, false, now).len(), 1);
+    }
+
+    /// `n` replicas with 20 outcomes each; replica `i` fails `fails[i]` of them.
+    fn failing(n: usize, fails: &[usize], now: Instant) -> Vec<ReplicaOutlier> {
+        (0..n)
+            .map(|i| {
+                let mut r = ReplicaOutlier::default();
+                for k in 0..20 {
+                    let ok = k >= fails.get(i).copied().unwrap_or(0);
+                    r.record(now, ok, None, 0, 10.0, 0);
+                }
+                r
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_failing_replica_leaves_a_two_replica_fleet() {
+        let now = Instant::now();
+        let cfg = OutlierConfig::default();
+        // 60% of its streams end early; the other replica is fine.
+        let mut two = failing(2, &[0, 12], now);
+        assert_eq!(
+            evaluate(&mut two, &[true; 2], &cfg, false, now),
+            vec![(1, Duration::from_secs(10))]
+        );
+        // Under the threshold: kept (no median to compare with).
+        let mut mild = failing(2, &[0, 8], now);
+        assert!(evaluate(&mut mild, &[true; 2], &cfg, false, now).is_empty());
+        // Too few outcomes yet.
+        let mut young = failing(2, &[0, 0], now);
+        young[1] = ReplicaOutlier::default();
+        for _ in 0..cfg.min_samples - 1 {
+            young[1].record(now, false, None, 0, 10.0, 0);
+        }
+        assert!(evaluate(&mut young, &[true; 2], &cfg, false, now).is_empty());
+    }
+
+    #[test]
+    fn a_single_replica_leaves_only_when_its_traffic_can_fail_over() {
+        let now = Instant::now();
+        let cfg = OutlierConfig::default();
+        let mut one = failing(1, &[20], now);
+        assert!(evaluate(&mut one, &[true], &cfg, false, now).is_empty());
+        assert_eq!(evaluate(&mut one, &[true], &cfg, true, now).len(), 1);
+        // A share of 0 turns ejection off, failover or not.
+        let off = OutlierConfig {
+            max_ejected_share: 0.0,
+            ..Default::default()
+        };
+        let mut one = failing(1, &[20], now);
+        assert!(evaluate(&mut one, &[true], &off, true, now).is_empty());
+    }
+
+    #[test]
+    fn a_fleet_wide_failure_ejects_no_one_but_two_broken_of_four_leave() {
+        let now = Instant::now();
+        let cfg = OutlierConfig::default();
+        let mut all = failing(4, &[12, 12, 13, 12], now);
+        assert!(evaluate(&mut all, &[true; 4], &cfg, false, now).is_empty());
+        // The median of two broken and two sound replicas is 50%: relative
+        // ejection alone would keep both broken ones.
+        let mut half = failing(4, &[0, 20, 0, 20], now);
+        let mut out: Vec<usize> = evaluate(&mut half, &[true; 4], &cfg, false, now)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        out.sort_unstable();
+        assert_eq!(out, vec![1, 3]);
+    }
+
+    #[test]
+    fn a_replica_back_from_ejection_is_judged_on_a_few_outcomes() {
+        let now = Instant::now();
+        let cfg = OutlierConfig::default();
+        let mut two = failing(2, &[0, 20], now);
+        assert_eq!(evaluate(&mut two, &[true; 2], &cfg, false, now).len(), 1);
+        let back = now + Duration::from_secs(11);
+        for _ in 0..PROBATION_SAMPLES {
+            two[1].record(back, false, None, 0, 10.0, 0);
+        }
+        two[0].record(back, true, None, 0, 10.0, 0);
+        assert_eq!(
+            evaluate(&mut two, &[true; 2], &cfg, false, back),
+            vec![(1, Duration::from_secs(20))]
+        );
     }
 }

@@ -2,7 +2,7 @@
 //! events (health, decisions, observations, changes) and a periodic tick, and
 //! publishes snapshots for the decision path.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -11,14 +11,15 @@ use moka::sync::Cache;
 use tokio::sync::mpsc;
 
 use super::accounting::Accounting;
+use super::failed_keys::FailedKeysWriter;
 use super::figures::{FleetFigures, FleetWindow};
 use super::health::{Health, HealthMachine};
 use super::load::ReplicaLoad;
 use super::outlier::{self, ReplicaOutlier};
 use super::prefix_index::IndexWriter;
 use super::{
-    DECISION_LOG, DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared,
-    Snapshot, StageFleetFigures, TICK, UNCLAIMED_TTL,
+    DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared, Snapshot,
+    StageFleetFigures, TICK, UNCLAIMED_TTL,
 };
 use crate::config::RouterConfig;
 use crate::metrics::{Metrics, Outcome, StageFleet, StageFleetArm, Tokens};
@@ -53,6 +54,7 @@ pub struct Writer {
     pub(super) topo: Arc<Topology>,
     pub(super) fleets: Vec<FleetModel>,
     pub(super) accounting: Accounting,
+    failed_keys: FailedKeysWriter,
     loads: HashMap<(String, String), Arc<ReplicaLoad>>,
     pub(super) dirty: bool,
 }
@@ -64,12 +66,14 @@ impl Writer {
         let topo = Arc::new(build_topology(cfg, 1, &mut loads));
         let fleets = fleet_models(&topo, Vec::new(), &Topology::empty());
         let config = Arc::new(cfg.clone());
+        let failed_keys = FailedKeysWriter::default();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot(
                 &topo,
                 &config,
                 &fleets,
                 &Accounting::default(),
+                &failed_keys,
                 Instant::now(),
             )),
             events: tx,
@@ -77,7 +81,7 @@ impl Writer {
                 .max_capacity(1 << 20)
                 .time_to_live(UNCLAIMED_TTL)
                 .build(),
-            decisions: Mutex::new(VecDeque::with_capacity(DECISION_LOG)),
+            decisions: Mutex::default(),
             metrics: Metrics::new(),
         });
         let writer = Writer {
@@ -87,6 +91,7 @@ impl Writer {
             topo,
             fleets,
             accounting: Accounting::default(),
+            failed_keys,
             loads,
             dirty: false,
         };
@@ -247,6 +252,7 @@ impl Writer {
             r.predicted_cached_tokens,
         );
         let record = DecisionRecord {
+            decision_id: format!("{:016x}", r.decision_id),
             request_id: r.request_id,
             stage: stage.name.clone(),
             fleet: fleet.name.clone(),
@@ -260,15 +266,11 @@ impl Writer {
             shadow,
             predicted_cached_tokens: r.predicted_cached_tokens,
         };
-        let mut log = self
-            .shared
+        self.shared
             .decisions
             .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if log.len() == DECISION_LOG {
-            log.pop_front();
-        }
-        log.push_back(record);
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record);
     }
 
     fn on_observed(&mut self, o: &Observation, now: Instant) {
@@ -285,6 +287,14 @@ impl Writer {
             return;
         };
         let ok = o.succeeded();
+        if !ok
+            && o.counts_against_replica()
+            && let Some(key) = o.key
+        {
+            // Its next turn goes to another replica.
+            self.failed_keys
+                .record(now, key, self.topo.generation, f, r);
+        }
         let cached = o.usage.and_then(|u| u.cached_tokens());
         // Time to first token is the prefill queued ahead plus this prompt's
         // own: normalising by both gives a figure of the replica's speed that
@@ -419,6 +429,7 @@ impl Writer {
                 }
             }
             if let Some(cfg) = self.topo.outlier_for(f) {
+                let failover = failover(&self.topo, &snap, f);
                 let eligible: Vec<bool> = fm
                     .replicas
                     .iter()
@@ -429,16 +440,17 @@ impl Writer {
                     .iter_mut()
                     .map(|m| std::mem::take(&mut m.outlier))
                     .collect();
-                let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, now);
+                let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, failover, now);
                 for (m, o) in fm.replicas.iter_mut().zip(outliers) {
                     m.outlier = o;
                 }
                 for (r, d) in ejected {
-                    tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: behind its fleet's median");
+                    tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: failing or far behind its fleet");
                 }
             }
         }
         drop(snap);
+        self.failed_keys.expire(now);
         self.accounting.fold(now);
         super::report::desired_replicas(self);
         // Figures move every tick: publish every tick.
@@ -497,11 +509,28 @@ impl Writer {
                 &self.config,
                 &self.fleets,
                 &self.accounting,
+                &self.failed_keys,
                 now,
             );
             self.shared.snapshot.store(Arc::new(snap));
         }
     }
+}
+
+/// Whether every stage of fleet `f` has another fleet with a ready replica,
+/// to take its traffic if its last replica is ejected.
+fn failover(topo: &Topology, snap: &Snapshot, f: usize) -> bool {
+    let mut stages = topo.stages_of(f).peekable();
+    stages.peek().is_some()
+        && stages.all(|s| {
+            s.fleets.iter().any(|&g| {
+                g != f
+                    && snap
+                        .replicas
+                        .get(g)
+                        .is_some_and(|v| v.iter().any(|r| r.ready()))
+            })
+        })
 }
 
 /// The names metric series are labelled with.
@@ -596,9 +625,11 @@ fn snapshot(
     config: &Arc<RouterConfig>,
     fleets: &[FleetModel],
     acc: &Accounting,
+    failed_keys: &FailedKeysWriter,
     now: Instant,
 ) -> Snapshot {
     Snapshot {
+        failed_keys: failed_keys.keys(),
         topo: topo.clone(),
         config: config.clone(),
         replicas: fleets

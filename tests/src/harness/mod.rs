@@ -53,6 +53,8 @@ pub struct LabSpec<'a> {
     /// Envoy worker threads (none: 2). One worker puts every request in one
     /// Wasm VM.
     pub envoy_workers: Option<u32>,
+    /// Changes the rendered Envoy bootstrap (a deployment variant).
+    pub envoy_edit: Option<fn(&str) -> String>,
 }
 
 pub struct Lab {
@@ -162,7 +164,11 @@ impl Lab {
             "fleetroute bootstrap failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::write(&envoy_yaml, &out.stdout).expect("write envoy config");
+        let mut envoy_text = String::from_utf8(out.stdout).expect("UTF-8 bootstrap");
+        if let Some(edit) = spec.envoy_edit {
+            envoy_text = edit(&envoy_text);
+        }
+        std::fs::write(&envoy_yaml, &envoy_text).expect("write envoy config");
 
         let admin_token = spec.admin_token.map(str::to_string);
         let fleetroute = Self::spawn_fleetroute(

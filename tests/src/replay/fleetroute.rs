@@ -173,6 +173,7 @@ impl SimRouter for Fleetroute {
             arm: fleetroute::route::experiment::Arm::None,
             stream: true,
             ended_early: false,
+            key: None,
         };
         self.shared.emit(Event::Observed(Box::new(obs)));
         let t = self.at(now);

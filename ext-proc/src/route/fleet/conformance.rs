@@ -79,6 +79,7 @@ fn snapshot(policy: &str, w: &World) -> (Snapshot, Vec<RequestGuard>) {
         }
     }
     let snap = Snapshot {
+        failed_keys: Default::default(),
         replicas: w
             .ready
             .iter()

@@ -1,0 +1,196 @@
+//! Recent decisions for `/debug/decisions`, bounded in entries and in bytes:
+//! the log keeps at most [`LOG_BYTES`] of records, and one response carries
+//! at most [`RESPONSE_BYTES`] of JSON, whatever the query asks.
+
+use std::collections::VecDeque;
+
+use serde::Serialize;
+
+/// Most decisions kept.
+pub const LOG_ENTRIES: usize = 4096;
+/// Most bytes of records kept (strings plus a fixed cost per record).
+pub const LOG_BYTES: usize = 1 << 20;
+/// Most bytes of JSON one response carries (newest decisions first).
+pub const RESPONSE_BYTES: usize = 256 << 10;
+/// What a record costs beyond its strings (the struct, the deque slot).
+const RECORD_OVERHEAD: usize = 160;
+
+/// A decision as `/debug/decisions` shows it.
+#[derive(Clone, Debug, Serialize)]
+pub struct DecisionRecord {
+    /// fleetroute's own id of the decision (16 hex digits): the nonce the
+    /// observation of the response is matched by. Unique, whatever the client sent.
+    pub decision_id: String,
+    /// The request's `x-request-id`, truncated to `route::key::MAX_REQUEST_ID` bytes.
+    pub request_id: String,
+    pub stage: String,
+    pub fleet: String,
+    pub replica: String,
+    pub key_source: &'static str,
+    pub arm: &'static str,
+    pub shadow: Option<String>,
+    pub predicted_cached_tokens: u64,
+}
+
+impl DecisionRecord {
+    fn bytes(&self) -> usize {
+        RECORD_OVERHEAD
+            + self.decision_id.len()
+            + self.request_id.len()
+            + self.stage.len()
+            + self.fleet.len()
+            + self.replica.len()
+            + self.shadow.as_ref().map_or(0, String::len)
+    }
+}
+
+/// Which decisions a query asks for.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Query<'a> {
+    /// By `x-request-id` (truncated like the stored ids before comparing).
+    pub request_id: Option<&'a str>,
+    /// By fleetroute's decision id.
+    pub decision_id: Option<&'a str>,
+    pub limit: usize,
+}
+
+#[derive(Debug, Default)]
+pub struct DecisionLog {
+    records: VecDeque<DecisionRecord>,
+    bytes: usize,
+}
+
+impl DecisionLog {
+    pub fn push(&mut self, record: DecisionRecord) {
+        self.bytes += record.bytes();
+        self.records.push_back(record);
+        while self.records.len() > LOG_ENTRIES || self.bytes > LOG_BYTES {
+            match self.records.pop_front() {
+                Some(old) => self.bytes -= old.bytes(),
+                None => break,
+            }
+        }
+    }
+
+    /// Bytes the kept records account for.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Matching records, newest first, at most `q.limit` of them.
+    pub fn find(&self, q: Query<'_>) -> Vec<DecisionRecord> {
+        let request_id = q.request_id.map(crate::route::key::truncate_id);
+        self.records
+            .iter()
+            .rev()
+            .filter(|d| request_id.is_none_or(|id| d.request_id == id))
+            .filter(|d| q.decision_id.is_none_or(|id| d.decision_id == id))
+            .take(q.limit)
+            .cloned()
+            .collect()
+    }
+}
+
+/// A JSON array of `records`, cut at the last whole record that fits in
+/// `budget` bytes.
+pub fn json_within(records: &[DecisionRecord], budget: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(budget.min(64 << 10));
+    out.push(b'[');
+    for r in records {
+        let Ok(json) = serde_json::to_vec(r) else {
+            continue;
+        };
+        // The separator and the closing bracket must fit too.
+        if out.len() + json.len() + 2 > budget {
+            break;
+        }
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&json);
+    }
+    out.push(b']');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(i: usize, id_len: usize) -> DecisionRecord {
+        DecisionRecord {
+            decision_id: format!("{i:016x}"),
+            request_id: "\"".repeat(id_len),
+            stage: "s".into(),
+            fleet: "f".into(),
+            replica: "127.0.0.1:1".into(),
+            key_source: "user",
+            arm: "none",
+            shadow: None,
+            predicted_cached_tokens: 0,
+        }
+    }
+
+    #[test]
+    fn the_log_is_bounded_in_bytes_and_entries() {
+        let mut log = DecisionLog::default();
+        for i in 0..10_000 {
+            log.push(record(i, 128));
+        }
+        assert!(log.bytes() <= LOG_BYTES);
+        let all = log.find(Query {
+            limit: usize::MAX,
+            ..Default::default()
+        });
+        assert!(all.len() < LOG_ENTRIES, "{}", all.len());
+        assert_eq!(all[0].decision_id, format!("{:016x}", 9_999));
+        let mut small = DecisionLog::default();
+        for i in 0..5000 {
+            small.push(record(i, 0));
+        }
+        assert_eq!(
+            small
+                .find(Query {
+                    limit: usize::MAX,
+                    ..Default::default()
+                })
+                .len(),
+            LOG_ENTRIES
+        );
+    }
+
+    #[test]
+    fn a_response_stays_within_its_budget_and_is_valid_json() {
+        // Quotes are escaped: the JSON is larger than the strings.
+        let records: Vec<DecisionRecord> = (0..2000).map(|i| record(i, 128)).collect();
+        let json = json_within(&records, RESPONSE_BYTES);
+        assert!(json.len() <= RESPONSE_BYTES, "{}", json.len());
+        let v: Vec<serde_json::Value> = serde_json::from_slice(&json).unwrap();
+        assert!(v.len() > 100 && v.len() < 2000, "{}", v.len());
+        assert_eq!(v[0]["decision_id"], records[0].decision_id);
+        assert_eq!(json_within(&records, 10), b"[]");
+    }
+
+    #[test]
+    fn lookups_by_request_id_truncate_the_query_like_the_ids() {
+        let mut log = DecisionLog::default();
+        let long = "x".repeat(50_000);
+        let mut r = record(7, 0);
+        r.request_id = crate::route::key::truncate_id(&long).to_string();
+        log.push(r);
+        log.push(record(8, 3));
+        let q = |request_id, decision_id| {
+            log.find(Query {
+                request_id,
+                decision_id,
+                limit: 10,
+            })
+            .len()
+        };
+        assert_eq!(q(Some(&long), None), 1);
+        assert_eq!(q(Some("\"\"\""), None), 1);
+        assert_eq!(q(None, Some("0000000000000007")), 1);
+        assert_eq!(q(Some(&long), Some("0000000000000008")), 0);
+        assert_eq!(q(None, None), 2);
+    }
+}
