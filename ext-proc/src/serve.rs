@@ -6,12 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::net::TcpListener;
 
 use crate::admin::AdminState;
 use crate::config::RouterConfig;
 use crate::metrics::ResultLabel;
+use crate::observe::access_log::LogService;
 use crate::state::{Change, Shared, Writer};
 use crate::stream::Service;
 
@@ -60,7 +62,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     // connections (the builder's nodelay only applies to listeners it binds).
     let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .add_service(ExternalProcessorServer::new(Service::new(shared)))
+        .add_service(ExternalProcessorServer::new(Service::new(shared.clone())))
+        .add_service(AccessLogServiceServer::new(LogService::new(shared)))
         .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;

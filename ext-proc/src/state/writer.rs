@@ -7,18 +7,18 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use moka::sync::Cache;
 use tokio::sync::mpsc;
 
 use super::accounting::Accounting;
 use super::figures::{FleetFigures, FleetWindow};
 use super::health::{Health, HealthMachine};
+use super::lease::Leases;
 use super::load::ReplicaLoad;
 use super::outlier::{self, ReplicaOutlier};
 use super::prefix_index::IndexWriter;
 use super::{
     DECISION_LOG, DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared,
-    Snapshot, StageFleetFigures, TICK, UNCLAIMED_TTL,
+    Snapshot, StageFleetFigures, TICK,
 };
 use crate::config::RouterConfig;
 use crate::metrics::{Metrics, Outcome, StageFleet, StageFleetArm, Tokens};
@@ -64,6 +64,7 @@ impl Writer {
         let topo = Arc::new(build_topology(cfg, 1, &mut loads));
         let fleets = fleet_models(&topo, Vec::new(), &Topology::empty());
         let config = Arc::new(cfg.clone());
+        let metrics = Metrics::new();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot(
                 &topo,
@@ -73,12 +74,9 @@ impl Writer {
                 Instant::now(),
             )),
             events: tx,
-            pending: Cache::builder()
-                .max_capacity(1 << 20)
-                .time_to_live(UNCLAIMED_TTL)
-                .build(),
+            leases: Leases::new(metrics.leases_released.clone()),
             decisions: Mutex::new(VecDeque::with_capacity(DECISION_LOG)),
-            metrics: Metrics::new(),
+            metrics,
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -112,7 +110,7 @@ impl Writer {
                 },
                 _ = tick.tick() => {
                     self.tick(Instant::now());
-                    self.shared.pending.run_pending_tasks();
+                    self.shared.leases.run_pending();
                 }
             }
         }
