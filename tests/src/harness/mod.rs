@@ -311,6 +311,38 @@ impl Lab {
         })
     }
 
+    /// Requests fleetroute still counts in flight on its replicas (from
+    /// `/debug/snapshot`).
+    pub fn router_inflight(&self) -> Option<u64> {
+        fn sum(v: &serde_json::Value) -> u64 {
+            match v {
+                serde_json::Value::Object(m) => m
+                    .iter()
+                    .map(|(k, v)| match (k.as_str(), v.as_u64()) {
+                        ("inflight", Some(n)) => n,
+                        _ => sum(v),
+                    })
+                    .sum(),
+                serde_json::Value::Array(a) => a.iter().map(sum).sum(),
+                _ => 0,
+            }
+        }
+        let (_, body) = client::blocking_get(&format!("{}/debug/snapshot", self.admin))?;
+        Some(sum(&serde_json::from_str(&body).ok()?))
+    }
+
+    /// Waits until fleetroute has learned the end of every request sent so
+    /// far: the access log reports ends in batches (see the bootstrap's
+    /// `buffer_flush_interval`), so a request's load outlives its response
+    /// by up to that interval.
+    pub fn wait_settled(&self) {
+        wait_until(
+            "fleetroute to see every request end",
+            Duration::from_secs(10),
+            || self.router_inflight() == Some(0),
+        );
+    }
+
     /// Envoy's counter value, 0 when absent.
     pub fn envoy_stat(&self, name: &str) -> u64 {
         let (_, body) =
