@@ -23,6 +23,8 @@ pub struct ServeOptions {
     pub admin: SocketAddr,
     /// Bearer token the admin API requires for changes; none = read-only.
     pub admin_token: Option<String>,
+    /// Envoy's admin address, to export its access log loss counters.
+    pub envoy_admin: Option<SocketAddr>,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -37,6 +39,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
     tokio::spawn(reload_on_sighup(shared.clone(), opts.config.clone()));
     tokio::spawn(reload_on_change(shared.clone(), opts.config.clone()));
+    if let Some(addr) = opts.envoy_admin {
+        tokio::spawn(crate::observe::envoy_stats::run(shared.clone(), addr));
+    }
 
     let grpc = TcpListener::bind(opts.grpc)
         .await

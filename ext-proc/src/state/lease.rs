@@ -166,24 +166,26 @@ impl Leases {
     }
 
     /// The engine reports `engine_count` requests (running + waiting) while
-    /// the router holds more leases on it: release the oldest surplus leases
-    /// that are older than `grace` (younger ones may not have reached the
-    /// engine yet). Walks the leases only when there is a surplus.
+    /// the router holds more leases older than `grace` on it: release the
+    /// oldest of those beyond the engine's count.
     pub fn reconcile(&self, load: &Arc<ReplicaLoad>, engine_count: u32, grace: Duration) -> u32 {
-        let surplus = load.inflight().saturating_sub(engine_count);
-        if surplus == 0 {
+        // Cheap check first: the walk below only runs on a surplus.
+        if load.inflight() <= engine_count {
             return 0;
         }
         let now = Instant::now();
-        let mut stale: Vec<(Instant, u64)> = self
+        let mut old: Vec<(Instant, u64)> = self
             .whole
             .iter()
             .filter(|(_, l)| l.guard.is_on(load) && now.duration_since(l.started) > grace)
             .map(|(k, l)| (l.started, *k))
             .collect();
-        stale.sort_unstable();
+        // Young leases may not have reached the engine: only old ones beyond
+        // what the engine reports are surplus.
+        let surplus = old.len().saturating_sub(engine_count as usize);
+        old.sort_unstable();
         let mut released = 0;
-        for (_, nonce) in stale.into_iter().take(surplus as usize) {
+        for (_, nonce) in old.into_iter().take(surplus) {
             self.prefill.invalidate(&nonce);
             if let Some(l) = self.whole.remove(&nonce) {
                 l.guard.release();

@@ -111,6 +111,7 @@ impl Writer {
                 _ = tick.tick() => {
                     self.tick(Instant::now());
                     self.shared.leases.run_pending();
+                    self.shared.metrics.leases_held.set(self.shared.leases.held() as i64);
                 }
             }
         }

@@ -50,6 +50,8 @@ pub struct LabSpec<'a> {
     pub fail_closed: bool,
     /// Token for admin API changes (none: read-only).
     pub admin_token: Option<&'a str>,
+    /// Changes the rendered Envoy bootstrap before Envoy starts.
+    pub envoy_edit: Option<fn(String) -> String>,
 }
 
 pub struct Lab {
@@ -159,14 +161,17 @@ impl Lab {
             "fleetroute bootstrap failed:\n{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        std::fs::write(&envoy_yaml, &out.stdout).expect("write envoy config");
+        let mut rendered = String::from_utf8(out.stdout).expect("utf-8 bootstrap");
+        if let Some(edit) = spec.envoy_edit {
+            rendered = edit(rendered);
+        }
+        std::fs::write(&envoy_yaml, rendered).expect("write envoy config");
 
         let admin_token = spec.admin_token.map(str::to_string);
         let fleetroute = Self::spawn_fleetroute(
             &bins.fleetroute,
             &router_path,
-            &grpc,
-            &admin,
+            [&grpc, &admin, &envoy_admin],
             admin_token.as_deref(),
             dir.path(),
         );
@@ -211,18 +216,25 @@ impl Lab {
         lab
     }
 
+    /// `addrs`: gRPC, admin, Envoy admin.
     fn spawn_fleetroute(
         bin: &Path,
         router: &Path,
-        grpc: &str,
-        admin: &str,
+        [grpc, admin, envoy_admin]: [&str; 3],
         token: Option<&str>,
         dir: &Path,
     ) -> Proc {
         let mut cmd = Command::new(bin);
         cmd.args(["serve", "--config"])
             .arg(router)
-            .args(["--grpc", grpc, "--admin", admin])
+            .args([
+                "--grpc",
+                grpc,
+                "--admin",
+                admin,
+                "--envoy-admin",
+                envoy_admin,
+            ])
             .env("RUST_LOG", "info")
             .env_remove("FLEETROUTE_ADMIN_TOKEN");
         if let Some(t) = token {
@@ -250,8 +262,11 @@ impl Lab {
         self.fleetroute = Self::spawn_fleetroute(
             &self.bins.fleetroute,
             &self.router_path,
-            &self.grpc,
-            self.admin.trim_start_matches("http://"),
+            [
+                &self.grpc,
+                self.admin.trim_start_matches("http://"),
+                self.envoy_admin.trim_start_matches("http://"),
+            ],
             self.admin_token.as_deref(),
             self._dir.path(),
         );
