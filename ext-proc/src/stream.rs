@@ -69,6 +69,21 @@ impl ExternalProcessor for Service {
         tokio::spawn(async move {
             // A reset stream ends the loop like a clean close.
             while let Ok(Some(msg)) = inbound.message().await {
+                // An observing filter from an older bootstrap: outcomes now come
+                // from the access log. Envoy ignores replies in this mode; end
+                // the call with the response rather than hold it open.
+                if msg.observability_mode {
+                    let end = match &msg.request {
+                        Some(Request::ResponseHeaders(h)) => h.end_of_stream,
+                        Some(Request::ResponseBody(b)) => b.end_of_stream,
+                        Some(Request::ResponseTrailers(_)) => true,
+                        _ => false,
+                    };
+                    if end {
+                        break;
+                    }
+                    continue;
+                }
                 let reply = match &msg.request {
                     Some(Request::RequestHeaders(h)) => route_request(&shared, h),
                     // The routing filter asks for request headers only; anything
