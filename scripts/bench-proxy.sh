@@ -13,6 +13,9 @@
 #                       outcomes reported through the batched gRPC access log
 #   5. old observer     routing only plus the former observing ext_proc filter
 #                       (a second gRPC stream per request), for reference
+#   6. full chain, 1 s  the full chain with Envoy's default access log flush
+#                       interval (1 s) instead of the template's 50 ms: what
+#                       fresh figures cost
 # Then a prompt-size sweep at one connection (plain, filter, full chain):
 # p50/p99 per prompt size, to see what the chain adds as prompts grow.
 # The engine is told to answer at once (max_tokens 1, next to no prefill or
@@ -87,7 +90,7 @@ wait_http() { # wait_http WHAT URL
 # All sockets are held open at once so the ports are distinct.
 read -r -a ports < <(python3 - << 'PY'
 import socket
-socks = [socket.socket() for _ in range(17)]
+socks = [socket.socket() for _ in range(19)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -102,6 +105,7 @@ listen_filter=${ports[9]} admin_filter=${ports[10]}
 listen_full=${ports[11]} admin_full=${ports[12]}
 listen_route=${ports[13]} admin_route=${ports[14]}
 listen_old=${ports[15]} admin_old=${ports[16]}
+listen_slow=${ports[17]} admin_slow=${ports[18]}
 
 # --- router config: the demo's, on this run's replica ports ------------------
 python3 - envoy-config/router.yaml "$run/router.yaml" \
@@ -200,19 +204,26 @@ PY
 # 3. routing only: the full chain without the access log, to measure what
 # observing every response costs. 5. old observer: routing only plus the
 # former observing ext_proc filter (a second gRPC stream per request).
-python3 - "$run/full.yaml" "$run" "$admin_route" "$listen_route" "$admin_old" "$listen_old" << 'PY'
+python3 - "$run/full.yaml" "$run" "$admin_route" "$listen_route" "$admin_old" "$listen_old" \
+  "$admin_slow" "$listen_slow" << 'PY'
 import copy, sys, yaml
-full_path, out, admin_route, listen_route, admin_old, listen_old = sys.argv[1:]
+full_path, out, admin_route, listen_route, admin_old, listen_old, admin_slow, listen_slow = sys.argv[1:]
 full = yaml.safe_load(open(full_path))
 
-def variant(admin, listen):
+def variant(admin, listen, keep_log=False):
     doc = copy.deepcopy(full)
     doc["admin"]["address"]["socket_address"]["port_value"] = int(admin)
     listener = doc["static_resources"]["listeners"][0]
     listener["address"]["socket_address"]["port_value"] = int(listen)
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    assert hcm.pop("access_log", None), "rendered config has no access log"
+    assert hcm.get("access_log"), "rendered config has no access log"
+    if not keep_log:
+        del hcm["access_log"]
     return doc, hcm
+
+slow, hcm = variant(admin_slow, listen_slow, keep_log=True)
+hcm["access_log"][0]["typed_config"]["common_config"]["buffer_flush_interval"] = "1s"
+yaml.safe_dump(slow, open(f"{out}/slow.yaml", "w"), sort_keys=False)
 
 route, _ = variant(admin_route, listen_route)
 yaml.safe_dump(route, open(f"{out}/route.yaml", "w"), sort_keys=False)
@@ -240,12 +251,12 @@ yaml.safe_dump(old, open(f"{out}/old.yaml", "w"), sort_keys=False)
 PY
 
 # Reject a broken config before starting anything that depends on it.
-for setup in plain filter route full old; do
+for setup in plain filter route full old slow; do
   envoy --mode validate -c "$run/$setup.yaml" --disable-hot-restart --log-level warn \
     > "$run/validate-$setup.log" 2>&1 \
     || { echo "envoy --mode validate rejected $run/$setup.yaml:" >&2; cat "$run/validate-$setup.log" >&2; exit 1; }
 done
-echo "==> envoy configs valid: plain, filter, route, full, old"
+echo "==> envoy configs valid: plain, filter, route, full, old, slow"
 
 # --- measuring -----------------------------------------------------------------
 # cpu_snapshot NAME=PID...: "name=ticks ..." of CPU time (user + system) used
@@ -329,10 +340,10 @@ read -r engine_rps engine_p50 engine_p99 < <(to_numbers "$(run_wrk "engine" "$DU
 echo "    $engine_rps req/s, p50 $engine_p50 ms, p99 $engine_p99 ms"
 
 declare -A rps p50 p99 served cpu envoy_us sweep50 sweep99
-order=(plain filter route full old)
-declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)")
-declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old)
-declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old)
+order=(plain filter route full old slow)
+declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)" [slow]="full chain, access log flushed every 1 s")
+declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old [slow]=$listen_slow)
+declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old [slow]=$admin_slow)
 fell_open=0
 log_dropped=0
 
