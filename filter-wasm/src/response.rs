@@ -1,9 +1,12 @@
 //! What a response says about itself, read chunk by chunk as it passes: the
 //! `usage` object (of a JSON body, or of the SSE event that carries it) and,
-//! for SSE, whether the stream reached `data: [DONE]`. One pass, byte by byte,
-//! whatever the chunk boundaries; nothing is kept but the usage object itself
-//! (bounded). The result reaches Envoy's access log as a [`UsageTag`].
+//! for SSE, whether the stream reached `data: [DONE]`. Whatever the chunk
+//! boundaries; nothing is kept but the usage object itself (bounded) and the
+//! last few bytes of the previous chunk. Between matches the bytes are skipped
+//! by substring search, not looked at one by one. The result reaches Envoy's
+//! access log as a [`UsageTag`].
 
+use memchr::memmem;
 use serde::Deserialize;
 
 use crate::contract::UsageTag;
@@ -14,10 +17,13 @@ const DONE: &[u8] = b"\ndata: [DONE]";
 /// A usage object larger than this is not one we can use.
 const MAX_OBJECT: usize = 4096;
 
+/// Bytes of the previous chunk kept to find a needle split across two.
+const TAIL: usize = 16;
+
 #[derive(Debug)]
 enum State {
-    /// Looking for the `"usage"` key; how much of it matched so far.
-    Seek(usize),
+    /// Looking for the `"usage"` key.
+    Seek,
     /// Found the key: skipping `:` and blanks up to the value.
     Value,
     /// Inside the object: its bytes so far, brace depth, string state.
@@ -33,17 +39,17 @@ enum State {
 pub struct UsageScanner {
     state: State,
     object: Vec<u8>,
-    /// How much of [`DONE`] matched; starts at 1 (the body begins a line).
-    done_matched: usize,
+    /// The last bytes seen; starts as a newline (the body begins a line).
+    tail: Vec<u8>,
     pub tag: UsageTag,
 }
 
 impl Default for UsageScanner {
     fn default() -> Self {
         UsageScanner {
-            state: State::Seek(0),
+            state: State::Seek,
             object: Vec::new(),
-            done_matched: 1,
+            tail: b"\n".to_vec(),
             tag: UsageTag::default(),
         }
     }
@@ -65,15 +71,18 @@ struct Details {
     cached_tokens: Option<u64>,
 }
 
-/// One step of matching a needle whose only border is its first byte.
-fn step(needle: &[u8], matched: usize, b: u8) -> usize {
-    if b == needle[matched] {
-        matched + 1
-    } else if b == needle[0] {
-        1
-    } else {
-        0
-    }
+/// Where `needle` ends in `chunk` when it starts in `tail` (the previous
+/// chunk's last bytes) and ends in `chunk`.
+fn across(tail: &[u8], chunk: &[u8], needle: &[u8]) -> Option<usize> {
+    let head = &chunk[..chunk.len().min(needle.len() - 1)];
+    let mut joined = Vec::with_capacity(tail.len() + head.len());
+    joined.extend_from_slice(tail);
+    joined.extend_from_slice(head);
+    let from = tail.len().saturating_sub(needle.len() - 1);
+    memmem::find_iter(&joined[from..], needle)
+        .map(|i| from + i + needle.len())
+        .find(|&end| end > tail.len())
+        .map(|end| end - tail.len())
 }
 
 impl UsageScanner {
@@ -81,42 +90,55 @@ impl UsageScanner {
     /// or the stream's end seen): the moment to hand it to Envoy again.
     pub fn push(&mut self, chunk: &[u8]) -> bool {
         let mut changed = false;
-        for &b in chunk {
-            if !self.tag.done {
-                self.done_matched = step(DONE, self.done_matched, b);
-                if self.done_matched == DONE.len() {
-                    self.tag.done = true;
-                    changed = true;
-                }
-            }
+        if !self.tag.done
+            && (across(&self.tail, chunk, DONE).is_some() || memmem::find(chunk, DONE).is_some())
+        {
+            self.tag.done = true;
+            changed = true;
+        }
+        let mut pos = 0;
+        if matches!(self.state, State::Seek)
+            && let Some(end) = across(&self.tail, chunk, KEY)
+        {
+            self.state = State::Value;
+            pos = end;
+        }
+        while pos < chunk.len() {
             match &mut self.state {
-                State::Seek(m) => {
-                    *m = step(KEY, *m, b);
-                    if *m == KEY.len() {
+                State::Seek => match memmem::find(&chunk[pos..], KEY) {
+                    Some(i) => {
+                        pos += i + KEY.len();
                         self.state = State::Value;
                     }
-                }
-                State::Value => match b {
-                    b':' | b' ' | b'\t' | b'\r' | b'\n' => {}
-                    b'{' => {
-                        self.object.clear();
-                        self.object.push(b);
-                        self.state = State::Object {
-                            depth: 1,
-                            in_string: false,
-                            escaped: false,
-                        };
-                    }
-                    // `null` or anything else: look for the next one.
-                    _ => self.state = State::Seek(step(KEY, 0, b)),
+                    None => break,
                 },
+                State::Value => {
+                    let b = chunk[pos];
+                    pos += 1;
+                    match b {
+                        b':' | b' ' | b'\t' | b'\r' | b'\n' => {}
+                        b'{' => {
+                            self.object.clear();
+                            self.object.push(b);
+                            self.state = State::Object {
+                                depth: 1,
+                                in_string: false,
+                                escaped: false,
+                            };
+                        }
+                        // `null` or anything else: look for the next one.
+                        _ => self.state = State::Seek,
+                    }
+                }
                 State::Object {
                     depth,
                     in_string,
                     escaped,
                 } => {
+                    let b = chunk[pos];
+                    pos += 1;
                     if self.object.len() == MAX_OBJECT {
-                        self.state = State::Seek(0);
+                        self.state = State::Seek;
                         continue;
                     }
                     self.object.push(b);
@@ -135,12 +157,21 @@ impl UsageScanner {
                     } else if b == b'}' {
                         *depth -= 1;
                         if *depth == 0 {
-                            self.state = State::Seek(0);
+                            self.state = State::Seek;
                             changed |= self.parse_object();
                         }
                     }
                 }
             }
+        }
+        // Keep the last bytes for a needle split across this chunk and the next.
+        if chunk.len() >= TAIL {
+            self.tail.clear();
+            self.tail.extend_from_slice(&chunk[chunk.len() - TAIL..]);
+        } else {
+            self.tail.extend_from_slice(chunk);
+            let excess = self.tail.len().saturating_sub(TAIL);
+            self.tail.drain(..excess);
         }
         changed
     }
