@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Proxy overhead benchmark, on loopback. Measures requests/s, p50/p99 latency
-# and Envoy's CPU per request of five setups in front of the same simulated
+# and Envoy's CPU per request of six setups in front of the same simulated
 # engine replicas (4 replicas in 2 fleets, like the demo):
 #   1. plain Envoy      listener -> one fleet cluster, round robin
 #   2. Envoy + filter   the same plus the Wasm filter (no ext_proc)
