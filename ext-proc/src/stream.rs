@@ -45,7 +45,7 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
             let d = &p.decision;
             let input = LeaseInput {
                 prefill_tokens: d.uncached_tokens + d.queued_tokens,
-                max_tokens: max_tokens,
+                max_tokens,
                 prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
             };
             shared.hold_load(nonce, p.guard, &input);

@@ -36,12 +36,13 @@ pub const PARSE: &str = "x-fleetroute-parse";
 // Written by ext-proc.
 /// The route's `cluster_header`: the fleet (Envoy cluster) chosen.
 pub const CLUSTER: &str = "x-fleetroute-cluster";
-/// The decision as the observing stream needs it: see [`RouteTag`].
+/// Reserved: the decision tag now travels as dynamic metadata
+/// ([`ROUTE_NAMESPACE`]); a client copy is still stripped.
 pub const ROUTE: &str = "x-fleetroute-route";
 /// The route's mirror `cluster_header`: a shadow fleet, when one is sampled.
 pub const SHADOW: &str = "x-fleetroute-shadow";
 
-// Added by the Envoy route to responses, read by ext-proc, stripped by the filter.
+// Reserved response header, stripped by the filter before the client.
 pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
 
 /// Every request header the contract defines. The Envoy route removes all of
@@ -167,11 +168,11 @@ fn hex_digit(c: u8) -> Option<u8> {
     }
 }
 
-/// The decision as ext-proc's observing stream reads it back from the request:
+/// The decision as ext-proc reads it back from Envoy's access log entry:
 /// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>|<nonce>`
 /// (queued: prefill tokens already waiting on the replica when it was chosen;
 /// arm: `none`, `control` or `variant` of the stage's A/B test; nonce: the
-/// decision's id, 16 hex digits, which the observer uses to find its load).
+/// decision's id, 16 hex digits, which ends the decision's load lease).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteTag<'a> {
     pub stage: &'a str,
