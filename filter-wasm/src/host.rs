@@ -224,7 +224,7 @@ impl HttpContext for Request {
         {
             // Filter state `wasm.fleetroute.usage`, read from Envoy's access log.
             let tag = self.response.tag.encode();
-            let _ = self.set_property(vec![contract::USAGE_PROPERTY], Some(tag.as_bytes()));
+            self.set_property(vec![contract::USAGE_PROPERTY], Some(tag.as_bytes()));
         }
         Action::Continue
     }
