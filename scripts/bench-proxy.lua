@@ -15,11 +15,20 @@ function init(args)
   -- 64 users, so fleetroute sees 64 routing keys and the weighted policy
   -- spreads them over both fleets. Built once: formatting per request would
   -- cost wrk CPU that the proxy under test needs.
+  -- PROMPT_BYTES (the prompt-size sweep): a few users with a prompt of that
+  -- size instead, so wrk's memory stays small at 1 MB prompts.
+  local prompt_bytes = tonumber(os.getenv("PROMPT_BYTES") or "")
+  local users, content = 64, "Say hello"
+  if prompt_bytes then
+    users = 4
+    local words = "lorem ipsum dolor sit amet consectetur "
+    content = string.rep(words, math.ceil(prompt_bytes / #words)):sub(1, prompt_bytes)
+  end
   reqs = {}
-  for i = 1, 64 do
+  for i = 1, users do
     local body = string.format(
       '{"model":"demo-model","user":"bench-user-%d",' ..
-      '"messages":[{"role":"user","content":"Say hello"}],"max_tokens":1}', i)
+      '"messages":[{"role":"user","content":"%s"}],"max_tokens":1}', i, content)
     reqs[i] = wrk.format("POST", "/v1/chat/completions",
       { ["Content-Type"] = "application/json" }, body)
   end

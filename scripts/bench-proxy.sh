@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Proxy overhead benchmark, on loopback. Measures requests/s and p50/p99
-# latency of four setups in front of the same simulated engine replicas
-# (4 replicas in 2 fleets, like the demo):
+# Proxy overhead benchmark, on loopback. Measures requests/s, p50/p99 latency
+# and Envoy's CPU per request of six setups in front of the same simulated
+# engine replicas (4 replicas in 2 fleets, like the demo):
 #   1. plain Envoy      listener -> one fleet cluster, round robin
 #   2. Envoy + filter   the same plus the Wasm filter (no ext_proc)
-#   3. routing only     the full chain without the observing ext_proc filter:
-#                       what observing every response costs (without it the
-#                       router never learns load, so this is a cost
-#                       measurement, not a setup to run)
+#   3. routing only     the full chain without the access log: what observing
+#                       every response costs (without it the router never
+#                       learns outcomes, so this is a cost measurement, not a
+#                       setup to run)
 #   4. full chain       the bootstrap `fleetroute bootstrap` renders, with
-#                       `fleetroute serve` making real (weighted) decisions
+#                       `fleetroute serve` making real (weighted) decisions and
+#                       outcomes reported through the batched gRPC access log
+#   5. old observer     routing only plus the former observing ext_proc filter
+#                       (a second gRPC stream per request), for reference
+#   6. full chain, 1 s  the full chain with Envoy's default access log flush
+#                       interval (1 s) instead of the template's 50 ms: what
+#                       fresh figures cost
+# Then a prompt-size sweep at one connection (plain, filter, full chain):
+# p50/p99 per prompt size, to see what the chain adds as prompts grow.
 # The engine is told to answer at once (max_tokens 1, next to no prefill or
 # decode time) so that the proxy is the bottleneck; one replica is measured
 # alone first, and a warning says when plain Envoy gets close to that ceiling.
@@ -25,6 +33,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DURATION=${DURATION:-15}
+SWEEP_SECONDS=${SWEEP_SECONDS:-6}       # per prompt size and setup
+SWEEP_SIZES=${SWEEP_SIZES:-"1024 4096 65536 262144 1048576"}
 WARMUP=3          # seconds of load before each measurement (pools, Wasm VM, caches)
 CONNECTIONS=8
 THREADS=2
@@ -80,7 +90,7 @@ wait_http() { # wait_http WHAT URL
 # All sockets are held open at once so the ports are distinct.
 read -r -a ports < <(python3 - << 'PY'
 import socket
-socks = [socket.socket() for _ in range(15)]
+socks = [socket.socket() for _ in range(19)]
 for s in socks:
     s.bind(("127.0.0.1", 0))
 print(" ".join(str(s.getsockname()[1]) for s in socks))
@@ -94,6 +104,8 @@ listen_plain=${ports[7]} admin_plain=${ports[8]}
 listen_filter=${ports[9]} admin_filter=${ports[10]}
 listen_full=${ports[11]} admin_full=${ports[12]}
 listen_route=${ports[13]} admin_route=${ports[14]}
+listen_old=${ports[15]} admin_old=${ports[16]}
+listen_slow=${ports[17]} admin_slow=${ports[18]}
 
 # --- router config: the demo's, on this run's replica ports ------------------
 python3 - envoy-config/router.yaml "$run/router.yaml" \
@@ -189,27 +201,62 @@ plain["static_resources"]["listeners"][0]["address"]["socket_address"]["port_val
 yaml.safe_dump(plain, open(out_path, "w"), sort_keys=False)
 PY
 
-# Reject a broken config before starting anything that depends on it.
-# 2b. routing only: the full chain without the observing ext_proc filter, to
-# measure what observing every response costs.
-python3 - "$run/full.yaml" "$run/route.yaml" "$admin_route" "$listen_route" << 'PY'
-import sys, yaml
-full_path, out_path, admin, listen = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-doc = yaml.safe_load(open(full_path))
-doc["admin"]["address"]["socket_address"]["port_value"] = admin
-listener = doc["static_resources"]["listeners"][0]
-listener["address"]["socket_address"]["port_value"] = listen
-hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-hcm["http_filters"] = [f for f in hcm["http_filters"] if not f.get("typed_config", {}).get("observability_mode")]
-yaml.safe_dump(doc, open(out_path, "w"), sort_keys=False)
+# 3. routing only: the full chain without the access log, to measure what
+# observing every response costs. 5. old observer: routing only plus the
+# former observing ext_proc filter (a second gRPC stream per request).
+python3 - "$run/full.yaml" "$run" "$admin_route" "$listen_route" "$admin_old" "$listen_old" \
+  "$admin_slow" "$listen_slow" << 'PY'
+import copy, sys, yaml
+full_path, out, admin_route, listen_route, admin_old, listen_old, admin_slow, listen_slow = sys.argv[1:]
+full = yaml.safe_load(open(full_path))
+
+def variant(admin, listen, keep_log=False):
+    doc = copy.deepcopy(full)
+    doc["admin"]["address"]["socket_address"]["port_value"] = int(admin)
+    listener = doc["static_resources"]["listeners"][0]
+    listener["address"]["socket_address"]["port_value"] = int(listen)
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert hcm.get("access_log"), "rendered config has no access log"
+    if not keep_log:
+        del hcm["access_log"]
+    return doc, hcm
+
+slow, hcm = variant(admin_slow, listen_slow, keep_log=True)
+hcm["access_log"][0]["typed_config"]["common_config"]["buffer_flush_interval"] = "1s"
+yaml.safe_dump(slow, open(f"{out}/slow.yaml", "w"), sort_keys=False)
+
+route, _ = variant(admin_route, listen_route)
+yaml.safe_dump(route, open(f"{out}/route.yaml", "w"), sort_keys=False)
+
+old, hcm = variant(admin_old, listen_old)
+observer = {
+    "name": "envoy.filters.http.ext_proc",
+    "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": {"envoy_grpc": {"cluster_name": "fleetroute"}, "timeout": "1s"},
+        "failure_mode_allow": True,
+        "observability_mode": True,
+        "forward_rules": {"allowed_headers": {"patterns": [
+            {"prefix": "x-fleetroute-"}, {"exact": "x-request-id"},
+            {"exact": ":status"}, {"exact": "content-type"}]}},
+        "deferred_close_timeout": "1s",
+        "processing_mode": {
+            "request_header_mode": "SEND", "response_header_mode": "SEND",
+            "request_body_mode": "NONE", "response_body_mode": "STREAMED",
+            "request_trailer_mode": "SKIP", "response_trailer_mode": "SEND"},
+    },
+}
+hcm["http_filters"].insert(len(hcm["http_filters"]) - 1, observer)
+yaml.safe_dump(old, open(f"{out}/old.yaml", "w"), sort_keys=False)
 PY
 
-for setup in plain filter route full; do
+# Reject a broken config before starting anything that depends on it.
+for setup in plain filter route full old slow; do
   envoy --mode validate -c "$run/$setup.yaml" --disable-hot-restart --log-level warn \
     > "$run/validate-$setup.log" 2>&1 \
     || { echo "envoy --mode validate rejected $run/$setup.yaml:" >&2; cat "$run/validate-$setup.log" >&2; exit 1; }
 done
-echo "==> envoy configs valid: plain, filter, route, full"
+echo "==> envoy configs valid: plain, filter, route, full, old, slow"
 
 # --- measuring -----------------------------------------------------------------
 # cpu_snapshot NAME=PID...: "name=ticks ..." of CPU time (user + system) used
@@ -292,17 +339,18 @@ run_wrk "engine warm-up" "$WARMUP" "$run/wrk-engine-warmup.log" "$engine_url" > 
 read -r engine_rps engine_p50 engine_p99 < <(to_numbers "$(run_wrk "engine" "$DURATION" "$run/wrk-engine.log" "$engine_url" --latency)")
 echo "    $engine_rps req/s, p50 $engine_p50 ms, p99 $engine_p99 ms"
 
-declare -A rps p50 p99 served cpu
-order=(plain filter route full)
-declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observer)" [full]="full chain (filter + routing + observing ext_proc)")
-declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full)
-declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full)
+declare -A rps p50 p99 served cpu envoy_us sweep50 sweep99
+order=(plain filter route full old slow)
+declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)" [slow]="full chain, access log flushed every 1 s")
+declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old [slow]=$listen_slow)
+declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old [slow]=$admin_slow)
 fell_open=0
+log_dropped=0
 
 for setup in "${order[@]}"; do
   echo "==> ${title[$setup]}"
   fr_pid=
-  if [ "$setup" = full ] || [ "$setup" = route ]; then
+  if [ "$setup" != plain ] && [ "$setup" != filter ]; then
     # Only the chains that ask fleetroute run it; it stays off during the other runs
     # so it takes no CPU from them. Ready = every replica probed.
     RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config "$run/router.yaml" \
@@ -331,19 +379,49 @@ for setup in "${order[@]}"; do
   before=$(served_counts)
   cpu_before=$(cpu_snapshot "${watched[@]}")
   result=$(run_wrk "$setup" "$DURATION" "$run/wrk-$setup.log" "$url" --latency)
-  cpu[$setup]=$(cpu_share "$cpu_before" "$(cpu_snapshot "${watched[@]}")" "$DURATION")
+  cpu_after=$(cpu_snapshot "${watched[@]}")
+  cpu[$setup]=$(cpu_share "$cpu_before" "$cpu_after" "$DURATION")
   served[$setup]=$(served_delta "$before" "$(served_counts)")
   read -r "rps[$setup]" "p50[$setup]" "p99[$setup]" < <(to_numbers "$result")
-  echo "    ${rps[$setup]} req/s, p50 ${p50[$setup]} ms, p99 ${p99[$setup]} ms"
+  # Envoy's CPU time per request, in microseconds.
+  envoy_us[$setup]=$(python3 - "$cpu_before" "$cpu_after" "$(getconf CLK_TCK)" "$result" << 'PY'
+import sys
+before, after, hz, line = sys.argv[1:]
+b = dict(kv.split("=") for kv in before.split())
+a = dict(kv.split("=") for kv in after.split())
+n = int(dict(kv.split("=") for kv in line.split()[1:] if "=" in kv)["requests"])
+print(f"{(int(a['envoy']) - int(b['envoy'])) / int(hz) / n * 1e6:.0f}")
+PY
+)
+  echo "    ${rps[$setup]} req/s, p50 ${p50[$setup]} ms, p99 ${p99[$setup]} ms, Envoy ${envoy_us[$setup]} µs CPU/request"
   echo "    served: ${served[$setup]}; CPU: ${cpu[$setup]}"
 
-  if [ "$setup" = full ]; then
+  if [ -n "$fr_pid" ]; then
     # With failure_mode_allow, a failed ext_proc call still gets a 200 (from
     # the fallback route), so the status check alone cannot see it. Any
     # failure_mode_allowed means some requests skipped fleetroute: the run did
-    # not measure the full chain.
-    curl -fsS "http://127.0.0.1:${eadmin[$setup]}/stats" > "$run/envoy-full-stats.txt"
-    fell_open=$(awk -F': ' '$1 ~ /ext_proc\.failure_mode_allowed$/ { n += $2 } END { print n + 0 }' "$run/envoy-full-stats.txt")
+    # not measure the chain.
+    curl -fsS "http://127.0.0.1:${eadmin[$setup]}/stats" > "$run/envoy-$setup-stats.txt"
+    n=$(awk -F': ' '$1 ~ /ext_proc\.failure_mode_allowed$/ { n += $2 } END { print n + 0 }' "$run/envoy-$setup-stats.txt")
+    fell_open=$((fell_open + n))
+    [ "$n" = 0 ] || echo "    $setup: $n ext_proc calls failed open" >&2
+  fi
+  if [ "$setup" = full ]; then
+    written=$(awk -F': ' '$1 ~ /grpc_access_log\.logs_written$/ { n += $2 } END { print n + 0 }' "$run/envoy-$setup-stats.txt")
+    log_dropped=$(awk -F': ' '$1 ~ /grpc_access_log\.logs_dropped$/ { n += $2 } END { print n + 0 }' "$run/envoy-$setup-stats.txt")
+    echo "    access log: $written entries written, $log_dropped dropped"
+  fi
+
+  # Prompt-size sweep at one connection.
+  if [ "$setup" = plain ] || [ "$setup" = filter ] || [ "$setup" = full ]; then
+    for size in $SWEEP_SIZES; do
+      PROMPT_BYTES=$size run_wrk "$setup sweep warm-up" 1 "$run/wrk-$setup-$size-warmup.log" "$url" > /dev/null
+      THREADS=1 CONNECTIONS=1
+      read -r _ "sweep50[$setup-$size]" "sweep99[$setup-$size]" < <(to_numbers \
+        "$(PROMPT_BYTES=$size run_wrk "$setup sweep $size" "$SWEEP_SECONDS" "$run/wrk-$setup-$size.log" "$url" --latency)")
+      THREADS=2 CONNECTIONS=8
+      echo "    prompt $size B, 1 connection: p50 ${sweep50[$setup-$size]} ms, p99 ${sweep99[$setup-$size]} ms"
+    done
   fi
   stop_pid "$envoy_pid"
   [ -z "$fr_pid" ] || stop_pid "$fr_pid"
@@ -354,11 +432,23 @@ cpu_model=$(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)
 # Arm kernels may have no "model name" line.
 [ -n "$cpu_model" ] || cpu_model=$(lscpu 2> /dev/null | awk -F': +' '/^Model name/ { print $2; exit }')
 echo
-echo "| setup | requests/s | p50 ms | p99 ms | requests/s vs plain Envoy |"
-echo "|---|---:|---:|---:|---:|"
+echo "| setup | requests/s | p50 ms | p99 ms | Envoy CPU µs/request | requests/s vs plain | vs routing only |"
+echo "|---|---:|---:|---:|---:|---:|---:|"
 for setup in "${order[@]}"; do
   ratio=$(awk -v a="${rps[$setup]}" -v b="${rps[plain]}" 'BEGIN { printf "%.2f", a / b }')
-  echo "| ${title[$setup]} | ${rps[$setup]} | ${p50[$setup]} | ${p99[$setup]} | $ratio |"
+  vs_route=$(awk -v a="${rps[$setup]}" -v b="${rps[route]}" 'BEGIN { printf "%.2f", a / b }')
+  echo "| ${title[$setup]} | ${rps[$setup]} | ${p50[$setup]} | ${p99[$setup]} | ${envoy_us[$setup]} | $ratio | $vs_route |"
+done
+echo
+echo "Prompt-size sweep, 1 connection: p50 / p99 ms, and what the filter and the full chain add over plain Envoy."
+echo "| prompt | plain | + filter | full chain | filter adds p50 / p99 | full chain adds p50 / p99 |"
+echo "|---:|---:|---:|---:|---:|---:|"
+for size in $SWEEP_SIZES; do
+  awk -v s="$size" -v p50="${sweep50[plain-$size]}" -v p99="${sweep99[plain-$size]}" \
+      -v f50="${sweep50[filter-$size]}" -v f99="${sweep99[filter-$size]}" \
+      -v c50="${sweep50[full-$size]}" -v c99="${sweep99[full-$size]}" 'BEGIN {
+    printf "| %d KB | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | +%.2f / +%.2f | +%.2f / +%.2f |\n",
+      s / 1024, p50, p99, f50, f99, c50, c99, f50 - p50, f99 - p99, c50 - p50, c99 - p99 }'
 done
 echo
 echo "Machine: $(nproc) CPUs, $(uname -m), ${cpu_model:-unknown CPU}; Envoy $(envoy --version | sed -nE 's|.*version: [0-9a-f]+/([0-9.]+)/.*|\1|p'); $(date -u '+%Y-%m-%d %H:%M UTC')"
@@ -377,10 +467,12 @@ if awk -v p="${rps[plain]}" -v e="$engine_rps" 'BEGIN { exit !(p >= 0.8 * 2 * e)
 fi
 if [ "$fell_open" != 0 ]; then
   echo >&2
-  echo "FAILED: in the full chain, $fell_open ext_proc calls failed open (no routing decision or no observation)," >&2
+  echo "FAILED: $fell_open ext_proc calls failed open (no routing decision or no observation)," >&2
   echo "so its row does not measure the full chain. Envoy's fleetroute cluster stats: " >&2
-  grep -E '^cluster\.fleetroute\.(upstream_rq_active|upstream_rq_active_overflow|upstream_rq_total|circuit_breakers\.default\.rq_open):' "$run/envoy-full-stats.txt" | sed 's/^/  /' >&2 || true
-  echo "See $run/envoy-full-stats.txt, $run/envoy-full.log and $run/fleetroute.log." >&2
+  echo "See $run/envoy-*-stats.txt, $run/envoy-*.log and $run/fleetroute.log." >&2
   status=1
+fi
+if [ "$log_dropped" != 0 ]; then
+  echo "NOTE: Envoy dropped $log_dropped access log entries in the full chain (buffer full)." >&2
 fi
 exit "$status"

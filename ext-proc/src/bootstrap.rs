@@ -280,6 +280,6 @@ mod tests {
         )
         .unwrap();
         assert_eq!(out.matches("failure_mode_allow: false").count(), 1);
-        assert_eq!(out.matches("failure_mode_allow: true").count(), 1);
+        assert_eq!(out.matches("failure_mode_allow: true").count(), 0);
     }
 }

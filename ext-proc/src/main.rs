@@ -56,6 +56,10 @@ enum Command {
         /// admin API is read-only.
         #[arg(long, env = "FLEETROUTE_ADMIN_TOKEN", hide_env_values = true)]
         admin_token: Option<String>,
+        /// Envoy's admin address: its access log counters (entries written,
+        /// dropped) are exported as fleetroute_envoy_access_log.
+        #[arg(long, env = "FLEETROUTE_ENVOY_ADMIN")]
+        envoy_admin: Option<SocketAddr>,
     },
     /// Validate a router config; prints every error with its field path.
     CheckConfig { file: PathBuf },
@@ -237,6 +241,7 @@ fn main() -> ExitCode {
             grpc,
             admin,
             admin_token,
+            envoy_admin,
         } => {
             tracing_subscriber::fmt()
                 .with_env_filter(
@@ -250,6 +255,7 @@ fn main() -> ExitCode {
                 grpc,
                 admin,
                 admin_token,
+                envoy_admin,
             })) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {

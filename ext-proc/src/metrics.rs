@@ -117,6 +117,10 @@ pub struct Metrics {
     pub reloads: Family<ResultLabel, Counter>,
     pub admin_changes: Counter,
     pub events_dropped: Counter,
+    pub access_log_entries: Family<ResultLabel, Counter>,
+    pub leases_released: Family<ResultLabel, Counter>,
+    pub leases_held: Gauge,
+    pub envoy_access_log: Family<ResultLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -150,6 +154,10 @@ impl Metrics {
             reloads: Family::default(),
             admin_changes: Counter::default(),
             events_dropped: Counter::default(),
+            access_log_entries: Family::default(),
+            leases_released: Family::default(),
+            leases_held: Gauge::default(),
+            envoy_access_log: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -253,6 +261,31 @@ impl Metrics {
             "State events dropped because the writer was behind",
             m.events_dropped.clone(),
         );
+        r.register(
+            "access_log_entries",
+            "Envoy access log entries received, by result: observed, untagged (no decision: fail-open or rejected), late (its lease had already ended)",
+            m.access_log_entries.clone(),
+        );
+        r.register(
+            "leases_released",
+            "Decision load leases released, by how: logged (the access log reported the end), expired (its bound passed: the entry was lost or late), reconciled (the engine reported fewer requests), evicted (too many held)",
+            m.leases_released.clone(),
+        );
+        r.register(
+            "leases_held",
+            "Decision load leases currently held",
+            m.leases_held.clone(),
+        );
+        r.register(
+            "envoy_access_log",
+            "Envoy's own access log counters, scraped from its admin /stats (logs_written, logs_dropped), when --envoy-admin is set",
+            m.envoy_access_log.clone(),
+        );
+        for result in ["observed", "untagged", "late"] {
+            drop(m.access_log_entries.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
         Metrics { registry: r, ..m }
     }
 

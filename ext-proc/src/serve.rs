@@ -6,12 +6,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::net::TcpListener;
 
 use crate::admin::AdminState;
 use crate::config::RouterConfig;
 use crate::metrics::ResultLabel;
+use crate::observe::access_log::LogService;
 use crate::state::{Change, Shared, Writer};
 use crate::stream::Service;
 
@@ -21,6 +23,8 @@ pub struct ServeOptions {
     pub admin: SocketAddr,
     /// Bearer token the admin API requires for changes; none = read-only.
     pub admin_token: Option<String>,
+    /// Envoy's admin address, to export its access log loss counters.
+    pub envoy_admin: Option<SocketAddr>,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -36,6 +40,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
     tokio::spawn(reload_on_sighup(shared.clone(), opts.config.clone()));
     tokio::spawn(reload_on_change(shared.clone(), opts.config.clone()));
+    if let Some(addr) = opts.envoy_admin {
+        tokio::spawn(crate::observe::envoy_stats::run(shared.clone(), addr));
+    }
 
     let grpc = TcpListener::bind(opts.grpc)
         .await
@@ -61,7 +68,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     // connections (the builder's nodelay only applies to listeners it binds).
     let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .add_service(ExternalProcessorServer::new(Service::new(shared)))
+        .add_service(ExternalProcessorServer::new(Service::new(shared.clone())))
+        .add_service(AccessLogServiceServer::new(LogService::new(shared)))
         .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;

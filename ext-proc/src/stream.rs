@@ -1,6 +1,6 @@
-//! The ext_proc gRPC service. Two kinds of stream arrive: the routing filter's
-//! (request headers only; each gets a decision) and the observing filter's
-//! (observability mode: request and response headers and body, no replies).
+//! The ext_proc gRPC service: the routing filter's streams (request headers
+//! only; each gets a decision). Outcomes come back through the access log
+//! (`observe::access_log`), not through ext_proc.
 
 use std::sync::Arc;
 
@@ -12,10 +12,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
-use crate::observe::Observer;
 use crate::route::place::place;
 use crate::route::{key::RouteKey, mutation};
 use crate::state::Shared;
+use crate::state::lease::LeaseInput;
 
 pub struct Service {
     shared: Arc<Shared>,
@@ -33,14 +33,21 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
         return mutation::pass();
     };
     let mut key = RouteKey::from_headers(map);
+    let max_tokens = key.max_tokens;
     if key.key_source.is_none() && key.request_id.is_empty() {
         key.key = fastrand::u64(..);
     }
     match place(shared, key, fastrand::u64(..)) {
         Ok(p) => {
-            // The observing stream claims the load by this nonce, which only
+            // The access log entry ends the lease by this nonce, which only
             // fleetroute writes (a client can send any x-request-id).
-            shared.hold_load(p.nonce, p.guard);
+            let d = &p.decision;
+            let input = LeaseInput {
+                prefill_tokens: d.uncached_tokens + d.queued_tokens,
+                max_tokens,
+                prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
+            };
+            shared.hold_load(p.nonce, p.guard, &input);
             mutation::route(&p.snapshot.topo, &p.decision, p.nonce)
         }
         Err(reject) => mutation::reject(&reject),
@@ -59,32 +66,19 @@ impl ExternalProcessor for Service {
         let (tx, rx) = mpsc::channel(4);
         let shared = self.shared.clone();
         tokio::spawn(async move {
-            let mut observer: Option<Observer> = None;
-            // A reset stream ends the loop like a clean close; the observer's
-            // drop then releases the request's in-flight count.
+            // A reset stream ends the loop like a clean close.
             while let Ok(Some(msg)) = inbound.message().await {
+                // An observing filter from an older bootstrap: outcomes now come
+                // from the access log. Envoy ignores replies in this mode; end
+                // the call with the response rather than hold it open.
                 if msg.observability_mode {
-                    let obs = observer.get_or_insert_with(|| Observer::new(shared.clone()));
-                    match &msg.request {
-                        Some(Request::RequestHeaders(h)) => {
-                            if let Some(map) = &h.headers {
-                                obs.on_request_headers(map);
-                            }
-                        }
-                        Some(Request::ResponseHeaders(h)) => {
-                            if let Some(map) = &h.headers {
-                                obs.on_response_headers(map, h.end_of_stream);
-                            }
-                        }
-                        Some(Request::ResponseBody(b)) => {
-                            obs.on_response_body(&b.body, b.end_of_stream)
-                        }
-                        Some(Request::ResponseTrailers(_)) => obs.finish(false),
-                        _ => {}
-                    }
-                    if obs.is_finished() {
-                        // Nothing more will come: end the call now rather than
-                        // leave Envoy holding it open until its deferred close.
+                    let end = match &msg.request {
+                        Some(Request::ResponseHeaders(h)) => h.end_of_stream,
+                        Some(Request::ResponseBody(b)) => b.end_of_stream,
+                        Some(Request::ResponseTrailers(_)) => true,
+                        _ => false,
+                    };
+                    if end {
                         break;
                     }
                     continue;

@@ -36,12 +36,13 @@ pub const PARSE: &str = "x-fleetroute-parse";
 // Written by ext-proc.
 /// The route's `cluster_header`: the fleet (Envoy cluster) chosen.
 pub const CLUSTER: &str = "x-fleetroute-cluster";
-/// The decision as the observing stream needs it: see [`RouteTag`].
+/// Reserved: the decision tag now travels as dynamic metadata
+/// ([`ROUTE_NAMESPACE`]); a client copy is still stripped.
 pub const ROUTE: &str = "x-fleetroute-route";
 /// The route's mirror `cluster_header`: a shadow fleet, when one is sampled.
 pub const SHADOW: &str = "x-fleetroute-shadow";
 
-// Added by the Envoy route to responses, read by ext-proc, stripped by the filter.
+// Reserved response header, stripped by the filter before the client.
 pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
 
 /// Every request header the contract defines. The Envoy route removes all of
@@ -167,11 +168,11 @@ fn hex_digit(c: u8) -> Option<u8> {
     }
 }
 
-/// The decision as ext-proc's observing stream reads it back from the request:
+/// The decision as ext-proc reads it back from Envoy's access log entry:
 /// `<stage>|<fleet>|<replica addr>|<predicted cached tokens>|<uncached tokens>|<queued tokens>|<arm>|<nonce>|<key>`
 /// (queued: prefill tokens already waiting on the replica when it was chosen;
 /// arm: `none`, `control` or `variant` of the stage's A/B test; nonce: the
-/// decision's id, 16 hex digits, which the observer uses to find its load;
+/// decision's id, 16 hex digits, which ends the decision's load lease;
 /// key: the sampling key, 16 hex digits, zero when the request had none).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RouteTag<'a> {
@@ -221,6 +222,63 @@ impl<'a> RouteTag<'a> {
     }
 }
 
+/// Filter state the Wasm filter writes on the response path, read by ext-proc
+/// from Envoy's access log entry.
+pub const USAGE_PROPERTY: &str = "fleetroute.usage";
+/// The same object as Envoy names it (`wasm.` + the property name).
+pub const USAGE_FILTER_STATE: &str = "wasm.fleetroute.usage";
+/// Dynamic metadata namespace and key under which ext-proc leaves the
+/// [`RouteTag`] for the access log (clients cannot write dynamic metadata).
+pub const ROUTE_NAMESPACE: &str = "fleetroute";
+pub const ROUTE_KEY: &str = "route";
+
+/// What the response said about itself:
+/// `<prompt>|<completion>|<cached>|<done>` (`-` for a figure the response did
+/// not carry; done: `1` once an SSE stream reached `data: [DONE]`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct UsageTag {
+    /// (prompt, completion, cached) tokens; cached is `None` when the engine
+    /// does not report it (unknown, not zero).
+    pub usage: Option<(u64, u64, Option<u64>)>,
+    pub done: bool,
+}
+
+impl UsageTag {
+    pub fn encode(&self) -> String {
+        let d = u8::from(self.done);
+        match self.usage {
+            Some((p, c, Some(k))) => format!("{p}|{c}|{k}|{d}"),
+            Some((p, c, None)) => format!("{p}|{c}|-|{d}"),
+            None => format!("-|-|-|{d}"),
+        }
+    }
+
+    pub fn decode(s: &str) -> Option<Self> {
+        let mut it = s.split('|');
+        let (p, c, k, d) = (it.next()?, it.next()?, it.next()?, it.next()?);
+        if it.next().is_some() {
+            return None;
+        }
+        let done = match d {
+            "0" => false,
+            "1" => true,
+            _ => return None,
+        };
+        let usage = match (p, c) {
+            ("-", "-") => None,
+            (p, c) => Some((
+                p.parse().ok()?,
+                c.parse().ok()?,
+                match k {
+                    "-" => None,
+                    k => Some(k.parse().ok()?),
+                },
+            )),
+        };
+        Some(UsageTag { usage, done })
+    }
+}
+
 /// Residency header value: comma-separated region names.
 pub fn split_regions(s: &str) -> impl Iterator<Item = &str> {
     s.split(',').map(str::trim).filter(|r| !r.is_empty())
@@ -260,6 +318,13 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn usage_tag_roundtrips(p in any::<u64>(), c in any::<u64>(), k in proptest::option::of(any::<u64>()),
+                                some in any::<bool>(), done in any::<bool>()) {
+            let t = UsageTag { usage: some.then_some((p, c, k)), done };
+            prop_assert_eq!(UsageTag::decode(&t.encode()), Some(t));
+        }
+
         #[test]
         fn blocks_round_trip(blocks in proptest::collection::vec(any::<u64>(), 0..300)) {
             let mut out = Vec::new();

@@ -12,6 +12,7 @@ use crate::config::FilterConfig;
 use crate::contract::{self, ParseStatus};
 use crate::extract::{extract, model, tenant};
 use crate::http::{LocalReply, check_size, is_reserved_header, wants_body};
+use crate::response::UsageScanner;
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -105,6 +106,7 @@ impl RootContext for Root {
             shared,
             hold: None,
             buffered: 0,
+            response: UsageScanner::default(),
         }))
     }
 
@@ -121,6 +123,8 @@ struct Request {
     hold: Option<Hold>,
     /// Body bytes Envoy has buffered so far.
     buffered: usize,
+    /// Reads usage off the response as it streams past (never buffered).
+    response: UsageScanner,
 }
 
 impl Request {
@@ -251,8 +255,21 @@ impl HttpContext for Request {
     }
 
     fn on_http_response_headers(&mut self, _n: usize, _end_of_stream: bool) -> Action {
-        // Added by the route for ext-proc's observer; the client never sees it.
+        // Internal: never shown to a client, whoever set it.
         self.set_http_response_header(contract::UPSTREAM_HOST, None);
+        Action::Continue
+    }
+
+    fn on_http_response_body(&mut self, body_size: usize, _end_of_stream: bool) -> Action {
+        // Not paused, so Envoy hands over each chunk once and keeps nothing.
+        if body_size > 0
+            && let Some(chunk) = self.get_http_response_body(0, body_size)
+            && self.response.push(&chunk)
+        {
+            // Filter state `wasm.fleetroute.usage`, read from Envoy's access log.
+            let tag = self.response.tag.encode();
+            self.set_property(vec![contract::USAGE_PROPERTY], Some(tag.as_bytes()));
+        }
         Action::Continue
     }
 

@@ -28,6 +28,7 @@ pub mod config;
 pub mod contract;
 pub mod extract;
 pub mod http;
+pub mod response;
 
 #[cfg(target_arch = "wasm32")]
 mod host;

@@ -64,6 +64,7 @@ fn priority_spills_when_the_base_saturates_and_returns() {
         quiet.served_by().starts_with('b'),
         "an idle base takes the request"
     );
+    lab.wait_settled();
 
     let burst: Vec<_> = (0..10)
         .map(|i| {
@@ -431,6 +432,7 @@ fn a_conversation_follows_its_prefix_until_the_holder_is_overloaded() {
         messages
             .push(serde_json::json!({ "role": "assistant", "content": format!("answer {turn}") }));
         messages.push(serde_json::json!({ "role": "user", "content": format!("question {turn}") }));
+        lab.wait_settled();
         let r = ask(&messages, &format!("turn-{turn}"));
         assert_eq!(
             r.served_by(),

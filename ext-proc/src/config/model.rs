@@ -14,6 +14,8 @@ pub struct RouterConfig {
     /// Bounds written into the rendered Envoy bootstrap.
     #[serde(default)]
     pub envoy: super::EnvoyConfig,
+    #[serde(default)]
+    pub leases: LeaseConfig,
     /// Stage for requests whose model names no stage (or that name none).
     #[serde(default)]
     pub default_stage: Option<String>,
@@ -61,6 +63,32 @@ impl Default for EngineMetricsConfig {
             path: "/metrics".into(),
             interval_ms: 1000,
             timeout_ms: 500,
+        }
+    }
+}
+
+/// How long a decision holds its replica's load when the access log never
+/// reports the request's end (see `state/lease.rs`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LeaseConfig {
+    /// Floor of a lease: longer than the access log's flush interval.
+    pub min_ms: u64,
+    /// Ceiling of a lease: the route's whole-response timeout.
+    pub max_ms: u64,
+    /// Slowest decode rate assumed for one request, tokens per second.
+    pub decode_tokens_per_sec: f64,
+    /// Output assumed for a request that sets no `max_tokens`.
+    pub default_max_tokens: u32,
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            min_ms: 10_000,
+            max_ms: 600_000,
+            decode_tokens_per_sec: 20.0,
+            default_max_tokens: 4096,
         }
     }
 }

@@ -79,6 +79,13 @@ pub fn validate(cfg: &RouterConfig) -> Vec<ConfigError> {
             "must be between 1 and interval_ms",
         );
     }
+    let ls = &cfg.leases;
+    if ls.min_ms == 0 || ls.min_ms > ls.max_ms {
+        e.push("leases.min_ms", "must be between 1 and max_ms");
+    }
+    if !(ls.decode_tokens_per_sec.is_finite() && ls.decode_tokens_per_sec > 0.0) {
+        e.push("leases.decode_tokens_per_sec", "must be above 0");
+    }
 
     let mut regions: HashMap<&str, &str> = HashMap::new();
     for (i, f) in cfg.fleets.iter().enumerate() {

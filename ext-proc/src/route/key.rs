@@ -37,6 +37,8 @@ pub struct RouteKey<'a> {
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
     pub prompt_tokens: u32,
+    /// The request's `max_tokens`, when it set one (bounds its load lease).
+    pub max_tokens: Option<u32>,
 }
 
 /// A header's value as Envoy sends it.
@@ -72,6 +74,7 @@ impl<'a> RouteKey<'a> {
                 contract::BLOCKS => blocks = v.as_bytes(),
                 contract::BLOCK_TOKENS => k.block_tokens = v.parse().unwrap_or(0),
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
+                contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
                 _ => {}
             }
         }

@@ -1,5 +1,5 @@
 //! A decision as Envoy needs it: the cluster header for the route, the host
-//! list for the override-host policy, and the tag the observer reads back.
+//! list for the override-host policy, and the tag the access log carries back.
 //! Or a rejection as an immediate JSON response.
 
 use std::collections::HashMap;
@@ -61,18 +61,29 @@ pub fn route(topo: &Topology, d: &Decision, nonce: u64) -> ProcessingResponse {
             string_value(hosts.join(",")),
         )]),
     };
-    let metadata = Struct {
-        fields: HashMap::from([(
-            contract::OVERRIDE_HOST_NAMESPACE.to_string(),
-            Value {
-                kind: Some(Kind::StructValue(lb)),
-            },
-        )]),
+    // The tag travels as dynamic metadata, which the access log entry
+    // carries and a client cannot write (a header would be stripped before
+    // the log is written, and could be forged).
+    let route = Struct {
+        fields: HashMap::from([(contract::ROUTE_KEY.to_string(), string_value(tag.encode()))]),
     };
-    let mut set_headers = vec![
-        header(contract::CLUSTER, fleet.name.clone()),
-        header(contract::ROUTE, tag.encode()),
-    ];
+    let metadata = Struct {
+        fields: HashMap::from([
+            (
+                contract::OVERRIDE_HOST_NAMESPACE.to_string(),
+                Value {
+                    kind: Some(Kind::StructValue(lb)),
+                },
+            ),
+            (
+                contract::ROUTE_NAMESPACE.to_string(),
+                Value {
+                    kind: Some(Kind::StructValue(route)),
+                },
+            ),
+        ]),
+    };
+    let mut set_headers = vec![header(contract::CLUSTER, fleet.name.clone())];
     if let Some(s) = d.shadow {
         // The route mirrors to the cluster this header names.
         set_headers.push(header(contract::SHADOW, topo.fleets[s].name.clone()));

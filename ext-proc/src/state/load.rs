@@ -68,9 +68,8 @@ impl ReplicaLoad {
     }
 }
 
-/// One request's share of a replica's load. Shared (the pending map and the
-/// observing stream both hold it), so it is released explicitly when the
-/// request ends, and by `Drop` if nobody did.
+/// One request's share of a replica's load. Held by a lease (see `lease`),
+/// released explicitly when the request ends, and by `Drop` if nobody did.
 #[derive(Debug)]
 pub struct RequestGuard {
     load: Arc<ReplicaLoad>,
@@ -80,6 +79,11 @@ pub struct RequestGuard {
 }
 
 impl RequestGuard {
+    /// Whether this is a share of `load`.
+    pub fn is_on(&self, load: &Arc<ReplicaLoad>) -> bool {
+        Arc::ptr_eq(&self.load, load)
+    }
+
     /// The first byte came back: prefill is over. Idempotent.
     pub fn prefill_done(&self) {
         if !self.prefilled.swap(true, Relaxed) {

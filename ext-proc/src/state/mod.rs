@@ -9,6 +9,7 @@ pub mod decision_log;
 pub mod failed_keys;
 pub mod figures;
 pub mod health;
+pub mod lease;
 pub mod load;
 pub mod outlier;
 pub mod prefix_index;
@@ -21,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use moka::sync::Cache;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
@@ -30,6 +30,7 @@ use decision_log::DecisionLog;
 pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
 use health::Health;
+use lease::{LeaseInput, Leases};
 use load::RequestGuard;
 use prefix_index::PrefixIndex;
 pub use writer::Writer;
@@ -150,9 +151,6 @@ pub enum Event {
     },
 }
 
-/// How long a decision's load waits for the observing stream to claim it
-/// before it is released anyway (the observer was never reached).
-const UNCLAIMED_TTL: Duration = Duration::from_secs(30);
 const EVENT_QUEUE: usize = 65_536;
 /// How often saturation, figures, outliers and metrics are re-evaluated.
 pub const TICK: Duration = Duration::from_millis(250);
@@ -161,8 +159,8 @@ pub const TICK: Duration = Duration::from_millis(250);
 pub struct Shared {
     snapshot: ArcSwap<Snapshot>,
     events: mpsc::Sender<Event>,
-    /// Load guards of routed requests, by decision nonce, until observed.
-    pending: Cache<u64, Arc<RequestGuard>>,
+    /// Load of routed requests, by decision nonce, until logged or expired.
+    pub leases: Leases,
     /// Recent decisions for `/debug/decisions`; only the writer appends.
     decisions: Mutex<DecisionLog>,
     pub metrics: Metrics,
@@ -210,13 +208,10 @@ impl Shared {
         self.events.clone()
     }
 
-    pub fn hold_load(&self, nonce: u64, guard: RequestGuard) {
-        self.pending.insert(nonce, Arc::new(guard));
-    }
-
-    /// The observing stream takes over a request's load.
-    pub fn claim_load(&self, nonce: u64) -> Option<Arc<RequestGuard>> {
-        self.pending.remove(&nonce)
+    /// Holds a decision's load under a lease (see `lease`).
+    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, input: &LeaseInput) {
+        let snap = self.snapshot.load();
+        self.leases.hold(nonce, guard, &snap.config.leases, input);
     }
 
     pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {

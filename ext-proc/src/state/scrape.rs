@@ -9,6 +9,9 @@ use futures::future::join_all;
 
 use super::Shared;
 
+/// Added to a lease's age before the engine's count can end it.
+const RECONCILE_SLACK: Duration = Duration::from_secs(2);
+
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct EngineLoad {
     pub running: f64,
@@ -56,6 +59,8 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
             continue;
         }
         let timeout = Duration::from_millis(cfg.timeout_ms);
+        // Older than two scrapes and a log flush: has reached the engine.
+        let grace = Duration::from_millis(2 * cfg.interval_ms) + RECONCILE_SLACK;
         let scrapes = snap
             .topo
             .fleets
@@ -65,6 +70,7 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
                 let url = format!("http://{}{}", r.addr, cfg.path);
                 let client = &client;
                 let load = r.load.clone();
+                let shared = &shared;
                 async move {
                     let Ok(resp) = client.get(&url).timeout(timeout).send().await else {
                         return;
@@ -75,6 +81,10 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
                     if let Ok(text) = resp.text().await {
                         let l = parse(&text);
                         load.set_engine(l.running as u32, l.waiting as u32, l.kv_usage);
+                        // Leases the engine no longer knows of were lost in
+                        // the access log: end them now rather than at their bound.
+                        let count = (l.running + l.waiting) as u32;
+                        shared.leases.reconcile(&load, count, grace);
                     }
                 }
             });

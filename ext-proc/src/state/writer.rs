@@ -7,19 +7,19 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use moka::sync::Cache;
 use tokio::sync::mpsc;
 
 use super::accounting::Accounting;
 use super::failed_keys::FailedKeysWriter;
 use super::figures::{FleetFigures, FleetWindow};
 use super::health::{Health, HealthMachine};
+use super::lease::Leases;
 use super::load::ReplicaLoad;
 use super::outlier::{self, ReplicaOutlier};
 use super::prefix_index::IndexWriter;
 use super::{
     DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared, Snapshot,
-    StageFleetFigures, TICK, UNCLAIMED_TTL,
+    StageFleetFigures, TICK,
 };
 use crate::config::RouterConfig;
 use crate::metrics::{Metrics, Outcome, StageFleet, StageFleetArm, Tokens};
@@ -67,6 +67,7 @@ impl Writer {
         let fleets = fleet_models(&topo, Vec::new(), &Topology::empty());
         let config = Arc::new(cfg.clone());
         let failed_keys = FailedKeysWriter::default();
+        let metrics = Metrics::new();
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(snapshot(
                 &topo,
@@ -77,12 +78,9 @@ impl Writer {
                 Instant::now(),
             )),
             events: tx,
-            pending: Cache::builder()
-                .max_capacity(1 << 20)
-                .time_to_live(UNCLAIMED_TTL)
-                .build(),
+            leases: Leases::new(metrics.leases_released.clone()),
             decisions: Mutex::default(),
-            metrics: Metrics::new(),
+            metrics,
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -117,7 +115,8 @@ impl Writer {
                 },
                 _ = tick.tick() => {
                     self.tick(Instant::now());
-                    self.shared.pending.run_pending_tasks();
+                    self.shared.leases.run_pending();
+                    self.shared.metrics.leases_held.set(self.shared.leases.held() as i64);
                 }
             }
         }

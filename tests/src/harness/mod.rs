@@ -174,8 +174,7 @@ impl Lab {
         let fleetroute = Self::spawn_fleetroute(
             &bins.fleetroute,
             &router_path,
-            &grpc,
-            &admin,
+            [&grpc, &admin, &envoy_admin],
             admin_token.as_deref(),
             dir.path(),
         );
@@ -222,18 +221,25 @@ impl Lab {
         lab
     }
 
+    /// `addrs`: gRPC, admin, Envoy admin.
     fn spawn_fleetroute(
         bin: &Path,
         router: &Path,
-        grpc: &str,
-        admin: &str,
+        [grpc, admin, envoy_admin]: [&str; 3],
         token: Option<&str>,
         dir: &Path,
     ) -> Proc {
         let mut cmd = Command::new(bin);
         cmd.args(["serve", "--config"])
             .arg(router)
-            .args(["--grpc", grpc, "--admin", admin])
+            .args([
+                "--grpc",
+                grpc,
+                "--admin",
+                admin,
+                "--envoy-admin",
+                envoy_admin,
+            ])
             .env("RUST_LOG", "info")
             .env_remove("FLEETROUTE_ADMIN_TOKEN");
         if let Some(t) = token {
@@ -261,8 +267,11 @@ impl Lab {
         self.fleetroute = Self::spawn_fleetroute(
             &self.bins.fleetroute,
             &self.router_path,
-            &self.grpc,
-            self.admin.trim_start_matches("http://"),
+            [
+                &self.grpc,
+                self.admin.trim_start_matches("http://"),
+                self.envoy_admin.trim_start_matches("http://"),
+            ],
             self.admin_token.as_deref(),
             self._dir.path(),
         );
@@ -320,6 +329,38 @@ impl Lab {
                 d["replica"].as_str()?.to_string(),
             ))
         })
+    }
+
+    /// Requests fleetroute still counts in flight on its replicas (from
+    /// `/debug/snapshot`).
+    pub fn router_inflight(&self) -> Option<u64> {
+        fn sum(v: &serde_json::Value) -> u64 {
+            match v {
+                serde_json::Value::Object(m) => m
+                    .iter()
+                    .map(|(k, v)| match (k.as_str(), v.as_u64()) {
+                        ("inflight", Some(n)) => n,
+                        _ => sum(v),
+                    })
+                    .sum(),
+                serde_json::Value::Array(a) => a.iter().map(sum).sum(),
+                _ => 0,
+            }
+        }
+        let (_, body) = client::blocking_get(&format!("{}/debug/snapshot", self.admin))?;
+        Some(sum(&serde_json::from_str(&body).ok()?))
+    }
+
+    /// Waits until fleetroute has learned the end of every request sent so
+    /// far: the access log reports ends in batches (see the bootstrap's
+    /// `buffer_flush_interval`), so a request's load outlives its response
+    /// by up to that interval.
+    pub fn wait_settled(&self) {
+        wait_until(
+            "fleetroute to see every request end",
+            Duration::from_secs(10),
+            || self.router_inflight() == Some(0),
+        );
     }
 
     /// Envoy's counter value, 0 when absent.

@@ -1,0 +1,290 @@
+//! Leases: the load a decision puts on its replica, held until the access log
+//! reports the request's end. The log is lossy (a full buffer, a log stream
+//! that is down, a restart), so a lease also ends by itself: after a bound
+//! derived from the request (prefill of what is queued plus its own prompt,
+//! then `max_tokens` at a slow decode rate; floor and ceiling from the
+//! config), and earlier when the engine reports fewer requests than the
+//! router holds (`reconcile`). Prefill is a shorter sub-lease: the log only
+//! arrives at the end, so the prefill share ends at its own estimate.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use moka::Expiry;
+use moka::notification::RemovalCause;
+use moka::sync::Cache;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use super::load::{ReplicaLoad, RequestGuard};
+use crate::config::LeaseConfig;
+use crate::metrics::ResultLabel;
+
+/// Most leases held at once; beyond it the oldest are released early.
+const MAX_LEASES: u64 = 1 << 20;
+/// Shortest prefill sub-lease.
+const MIN_PREFILL: Duration = Duration::from_millis(50);
+/// ms of time to first token per 1000 tokens assumed before a fleet is measured.
+const DEFAULT_PREFILL_MS_PER_K: f64 = 200.0;
+
+#[derive(Debug)]
+pub struct Lease {
+    pub guard: RequestGuard,
+    pub started: Instant,
+    bound: Duration,
+    prefill_bound: Duration,
+}
+
+/// What a lease's bound is computed from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeaseInput {
+    /// Prefill tokens: the request's uncached ones plus those queued ahead.
+    pub prefill_tokens: u64,
+    pub max_tokens: Option<u32>,
+    /// The fleet's measured ms of time to first token per 1000 tokens.
+    pub prefill_ms_per_k: Option<f64>,
+}
+
+/// (whole lease, prefill sub-lease).
+pub fn bounds(cfg: &LeaseConfig, i: &LeaseInput) -> (Duration, Duration) {
+    let per_k = i
+        .prefill_ms_per_k
+        .filter(|v| v.is_finite() && *v > 0.0)
+        .unwrap_or(DEFAULT_PREFILL_MS_PER_K);
+    let prefill_ms = per_k * (i.prefill_tokens as f64 + super::figures::OVERHEAD_TOKENS) / 1000.0;
+    let out = f64::from(i.max_tokens.unwrap_or(cfg.default_max_tokens));
+    let decode_ms = out / cfg.decode_tokens_per_sec * 1000.0;
+    let max = cfg.max_ms as f64;
+    // Twice the estimate: a lease that ends early undercounts a live request.
+    let whole = (2.0 * (prefill_ms + decode_ms))
+        .max(cfg.min_ms as f64)
+        .min(max);
+    // Never panics: the whole bound may be below the prefill floor.
+    let prefill = (2.0 * prefill_ms)
+        .max(MIN_PREFILL.as_millis() as f64)
+        .min(whole);
+    (
+        Duration::from_millis(whole as u64),
+        Duration::from_millis(prefill as u64),
+    )
+}
+
+struct WholeBound;
+impl Expiry<u64, Arc<Lease>> for WholeBound {
+    fn expire_after_create(&self, _: &u64, l: &Arc<Lease>, _: Instant) -> Option<Duration> {
+        Some(l.bound)
+    }
+}
+
+struct PrefillBound;
+impl Expiry<u64, Arc<Lease>> for PrefillBound {
+    fn expire_after_create(&self, _: &u64, l: &Arc<Lease>, _: Instant) -> Option<Duration> {
+        Some(l.prefill_bound)
+    }
+}
+
+/// Leases by decision nonce (only fleetroute writes nonces: a client cannot
+/// end another request's lease).
+pub struct Leases {
+    whole: Cache<u64, Arc<Lease>>,
+    prefill: Cache<u64, Arc<Lease>>,
+    released: Family<ResultLabel, Counter>,
+}
+
+impl Leases {
+    pub fn new(released: Family<ResultLabel, Counter>) -> Self {
+        let counted = released.clone();
+        let whole = Cache::builder()
+            .max_capacity(MAX_LEASES)
+            .expire_after(WholeBound)
+            .eviction_listener(move |_, l: Arc<Lease>, cause| {
+                let why = match cause {
+                    RemovalCause::Expired => "expired",
+                    RemovalCause::Size => "evicted",
+                    // Explicit removals (`end`, `reconcile`) count themselves.
+                    _ => return,
+                };
+                l.guard.release();
+                counted
+                    .get_or_create(&ResultLabel { result: why.into() })
+                    .inc();
+            })
+            .build();
+        let prefill = Cache::builder()
+            .max_capacity(MAX_LEASES)
+            .expire_after(PrefillBound)
+            .eviction_listener(|_, l: Arc<Lease>, _| l.guard.prefill_done())
+            .build();
+        for r in ["logged", "expired", "evicted", "reconciled"] {
+            drop(released.get_or_create(&ResultLabel { result: r.into() }));
+        }
+        Leases {
+            whole,
+            prefill,
+            released,
+        }
+    }
+
+    pub fn hold(&self, nonce: u64, guard: RequestGuard, cfg: &LeaseConfig, input: &LeaseInput) {
+        let (bound, prefill_bound) = bounds(cfg, input);
+        let lease = Arc::new(Lease {
+            guard,
+            started: Instant::now(),
+            bound,
+            prefill_bound,
+        });
+        self.prefill.insert(nonce, lease.clone());
+        self.whole.insert(nonce, lease);
+    }
+
+    /// The access log reported the request's end: release its load now.
+    /// `None` when the lease already ended (by its bound or reconciliation).
+    pub fn end(&self, nonce: u64) -> Option<Arc<Lease>> {
+        self.prefill.invalidate(&nonce);
+        let lease = self.whole.remove(&nonce)?;
+        lease.guard.release();
+        self.count("logged");
+        Some(lease)
+    }
+
+    fn count(&self, result: &str) {
+        self.released
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Runs expirations (called on the writer's tick).
+    pub fn run_pending(&self) {
+        self.whole.run_pending_tasks();
+        self.prefill.run_pending_tasks();
+    }
+
+    pub fn held(&self) -> u64 {
+        self.whole.entry_count()
+    }
+
+    /// The engine reports `engine_count` requests (running + waiting) while
+    /// the router holds more leases older than `grace` on it: release the
+    /// oldest of those beyond the engine's count.
+    pub fn reconcile(&self, load: &Arc<ReplicaLoad>, engine_count: u32, grace: Duration) -> u32 {
+        // Cheap check first: the walk below only runs on a surplus.
+        if load.inflight() <= engine_count {
+            return 0;
+        }
+        let now = Instant::now();
+        let mut old: Vec<(Instant, u64)> = self
+            .whole
+            .iter()
+            .filter(|(_, l)| l.guard.is_on(load) && now.duration_since(l.started) > grace)
+            .map(|(k, l)| (l.started, *k))
+            .collect();
+        // Young leases may not have reached the engine: only old ones beyond
+        // what the engine reports are surplus.
+        let surplus = old.len().saturating_sub(engine_count as usize);
+        old.sort_unstable();
+        let mut released = 0;
+        for (_, nonce) in old.into_iter().take(surplus) {
+            self.prefill.invalidate(&nonce);
+            if let Some(l) = self.whole.remove(&nonce) {
+                l.guard.release();
+                self.count("reconciled");
+                released += 1;
+            }
+        }
+        released
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> LeaseConfig {
+        LeaseConfig {
+            min_ms: 1000,
+            max_ms: 60_000,
+            decode_tokens_per_sec: 20.0,
+            default_max_tokens: 100,
+        }
+    }
+
+    #[test]
+    fn bounds_follow_the_request_within_floor_and_ceiling() {
+        let c = cfg();
+        let small = LeaseInput {
+            max_tokens: Some(8),
+            ..Default::default()
+        };
+        assert_eq!(bounds(&c, &small).0, Duration::from_millis(1000), "floor");
+        let long = LeaseInput {
+            max_tokens: Some(100),
+            ..Default::default()
+        };
+        // 2 × (200 ms/k × 0.256 k + 100 / 20 s) = 10.1 s
+        assert_eq!(bounds(&c, &long).0, Duration::from_millis(10_102));
+        let huge = LeaseInput {
+            max_tokens: Some(1_000_000),
+            ..Default::default()
+        };
+        assert_eq!(bounds(&c, &huge).0, Duration::from_secs(60), "ceiling");
+        let queued = LeaseInput {
+            prefill_tokens: 100_000,
+            prefill_ms_per_k: Some(10.0),
+            max_tokens: Some(8),
+        };
+        let (whole, prefill) = bounds(&c, &queued);
+        assert_eq!(prefill, Duration::from_millis(2005));
+        assert!(whole >= prefill);
+    }
+
+    #[test]
+    fn a_lost_entry_cannot_leak_load() {
+        let load = Arc::new(ReplicaLoad::default());
+        let leases = Leases::new(Family::default());
+        let c = LeaseConfig {
+            min_ms: 30,
+            max_ms: 30,
+            ..cfg()
+        };
+        leases.hold(1, load.start(500), &c, &LeaseInput::default());
+        leases.hold(2, load.start(500), &c, &LeaseInput::default());
+        assert_eq!((load.inflight(), load.pending_prefill()), (2, 1000));
+        assert!(leases.end(1).is_some());
+        assert!(leases.end(1).is_none(), "ends once");
+        assert_eq!(load.inflight(), 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while load.inflight() > 0 {
+            assert!(Instant::now() < deadline, "lease 2 never expired");
+            leases.run_pending();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(load.pending_prefill(), 0);
+        assert!(
+            leases.end(2).is_none(),
+            "a late entry releases nothing twice"
+        );
+    }
+
+    #[test]
+    fn reconcile_releases_only_the_old_surplus() {
+        let load = Arc::new(ReplicaLoad::default());
+        let other = Arc::new(ReplicaLoad::default());
+        let leases = Leases::new(Family::default());
+        let c = cfg();
+        for n in 0..3 {
+            leases.hold(n, load.start(0), &c, &LeaseInput::default());
+        }
+        leases.hold(9, other.start(0), &c, &LeaseInput::default());
+        assert_eq!(
+            leases.reconcile(&load, 1, Duration::from_secs(60)),
+            0,
+            "too young"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(leases.reconcile(&load, 1, Duration::from_millis(10)), 2);
+        assert_eq!((load.inflight(), other.inflight()), (1, 1));
+        assert_eq!(leases.reconcile(&load, 1, Duration::ZERO), 0);
+    }
+}

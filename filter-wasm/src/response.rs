@@ -1,0 +1,258 @@
+//! What a response says about itself, read chunk by chunk as it passes: the
+//! `usage` object (of a JSON body, or of the SSE event that carries it) and,
+//! for SSE, whether the stream reached `data: [DONE]`. Whatever the chunk
+//! boundaries; nothing is kept but the usage object itself (bounded) and the
+//! last few bytes of the previous chunk. Between matches the bytes are skipped
+//! by substring search, not looked at one by one. The result reaches Envoy's
+//! access log as a [`UsageTag`].
+
+use memchr::memmem;
+use serde::Deserialize;
+
+use crate::contract::UsageTag;
+
+const KEY: &[u8] = b"\"usage\"";
+/// `data: [DONE]` at the start of a line.
+const DONE: &[u8] = b"\ndata: [DONE]";
+/// A usage object larger than this is not one we can use.
+const MAX_OBJECT: usize = 4096;
+
+/// Bytes of the previous chunk kept to find a needle split across two.
+const TAIL: usize = 16;
+
+#[derive(Debug)]
+enum State {
+    /// Looking for the `"usage"` key.
+    Seek,
+    /// Found the key: skipping `:` and blanks up to the value.
+    Value,
+    /// Inside the object: its bytes so far, brace depth, string state.
+    Object {
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+    },
+}
+
+/// Scans one response body.
+#[derive(Debug)]
+pub struct UsageScanner {
+    state: State,
+    object: Vec<u8>,
+    /// The last bytes seen; starts as a newline (the body begins a line).
+    tail: Vec<u8>,
+    pub tag: UsageTag,
+}
+
+impl Default for UsageScanner {
+    fn default() -> Self {
+        UsageScanner {
+            state: State::Seek,
+            object: Vec::new(),
+            tail: b"\n".to_vec(),
+            tag: UsageTag::default(),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    #[serde(default)]
+    prompt_tokens: u64,
+    #[serde(default)]
+    completion_tokens: u64,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+/// Where `needle` ends in `chunk` when it starts in `tail` (the previous
+/// chunk's last bytes) and ends in `chunk`.
+fn across(tail: &[u8], chunk: &[u8], needle: &[u8]) -> Option<usize> {
+    let head = &chunk[..chunk.len().min(needle.len() - 1)];
+    let mut joined = Vec::with_capacity(tail.len() + head.len());
+    joined.extend_from_slice(tail);
+    joined.extend_from_slice(head);
+    let from = tail.len().saturating_sub(needle.len() - 1);
+    memmem::find_iter(&joined[from..], needle)
+        .map(|i| from + i + needle.len())
+        .find(|&end| end > tail.len())
+        .map(|end| end - tail.len())
+}
+
+impl UsageScanner {
+    /// Feeds the next chunk. Returns true when the tag changed (usage found,
+    /// or the stream's end seen): the moment to hand it to Envoy again.
+    pub fn push(&mut self, chunk: &[u8]) -> bool {
+        let mut changed = false;
+        if !self.tag.done
+            && (across(&self.tail, chunk, DONE).is_some() || memmem::find(chunk, DONE).is_some())
+        {
+            self.tag.done = true;
+            changed = true;
+        }
+        let mut pos = 0;
+        if matches!(self.state, State::Seek)
+            && let Some(end) = across(&self.tail, chunk, KEY)
+        {
+            self.state = State::Value;
+            pos = end;
+        }
+        while pos < chunk.len() {
+            match &mut self.state {
+                State::Seek => match memmem::find(&chunk[pos..], KEY) {
+                    Some(i) => {
+                        pos += i + KEY.len();
+                        self.state = State::Value;
+                    }
+                    None => break,
+                },
+                State::Value => {
+                    let b = chunk[pos];
+                    pos += 1;
+                    match b {
+                        b':' | b' ' | b'\t' | b'\r' | b'\n' => {}
+                        b'{' => {
+                            self.object.clear();
+                            self.object.push(b);
+                            self.state = State::Object {
+                                depth: 1,
+                                in_string: false,
+                                escaped: false,
+                            };
+                        }
+                        // `null` or anything else: look for the next one.
+                        _ => self.state = State::Seek,
+                    }
+                }
+                State::Object {
+                    depth,
+                    in_string,
+                    escaped,
+                } => {
+                    let b = chunk[pos];
+                    pos += 1;
+                    if self.object.len() == MAX_OBJECT {
+                        self.state = State::Seek;
+                        continue;
+                    }
+                    self.object.push(b);
+                    if *in_string {
+                        if *escaped {
+                            *escaped = false;
+                        } else if b == b'\\' {
+                            *escaped = true;
+                        } else if b == b'"' {
+                            *in_string = false;
+                        }
+                    } else if b == b'"' {
+                        *in_string = true;
+                    } else if b == b'{' {
+                        *depth += 1;
+                    } else if b == b'}' {
+                        *depth -= 1;
+                        if *depth == 0 {
+                            self.state = State::Seek;
+                            changed |= self.parse_object();
+                        }
+                    }
+                }
+            }
+        }
+        // Keep the last bytes for a needle split across this chunk and the next.
+        if chunk.len() >= TAIL {
+            self.tail.clear();
+            self.tail.extend_from_slice(&chunk[chunk.len() - TAIL..]);
+        } else {
+            self.tail.extend_from_slice(chunk);
+            let excess = self.tail.len().saturating_sub(TAIL);
+            self.tail.drain(..excess);
+        }
+        changed
+    }
+
+    fn parse_object(&mut self) -> bool {
+        let Ok(u) = serde_json::from_slice::<Usage>(&self.object) else {
+            return false;
+        };
+        self.tag.usage = Some((
+            u.prompt_tokens,
+            u.completion_tokens,
+            u.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        ));
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const STREAM: &str = "data: {\"choices\":[{\"delta\":{\"content\":\"say \\\"usage\\\": {\"}}],\"usage\":null}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":40,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":32}}}\n\n\
+data: [DONE]\n\n";
+
+    fn scan(chunks: &[&[u8]]) -> UsageTag {
+        let mut s = UsageScanner::default();
+        for c in chunks {
+            s.push(c);
+        }
+        s.tag
+    }
+
+    #[test]
+    fn json_body() {
+        let t = scan(&[br#"{"id":"x","usage": {"prompt_tokens":5,"completion_tokens":1}}"#]);
+        assert_eq!(t.usage, Some((5, 1, None)), "no details: cached unknown");
+        assert!(!t.done);
+        assert_eq!(scan(&[b"{}"]).usage, None);
+        assert_eq!(scan(&[b"not json \"usage\": {oops}"]).usage, None);
+    }
+
+    #[test]
+    fn done_only_at_a_line_start() {
+        assert!(!scan(&[b"data: {\"c\":\"x data: [DONE]\"}\n"]).done);
+        assert!(scan(&[b"data: [DONE]\n"]).done);
+        assert!(scan(&[b"data: {}\n\ndata: [DO", b"NE]\n\n"]).done);
+    }
+
+    #[test]
+    fn oversized_usage_is_dropped_not_kept() {
+        let mut body = b"{\"usage\":{\"x\":\"".to_vec();
+        body.extend(std::iter::repeat_n(b'a', 10_000));
+        body.extend_from_slice(b"\"}}");
+        let mut s = UsageScanner::default();
+        s.push(&body);
+        assert_eq!(s.tag.usage, None);
+        assert!(s.object.len() <= MAX_OBJECT);
+    }
+
+    proptest! {
+        #[test]
+        fn sse_whatever_the_chunking(cuts in proptest::collection::vec(0usize..STREAM.len(), 0..12)) {
+            let mut cuts = cuts;
+            cuts.sort_unstable();
+            let mut s = UsageScanner::default();
+            let mut start = 0;
+            for c in cuts.into_iter().chain([STREAM.len()]) {
+                s.push(&STREAM.as_bytes()[start..c]);
+                start = c;
+            }
+            prop_assert!(s.tag.done);
+            prop_assert_eq!(s.tag.usage, Some((40, 2, Some(32))));
+        }
+
+        #[test]
+        fn any_bytes_stay_bounded(body in proptest::collection::vec(any::<u8>(), 0..20_000)) {
+            let mut s = UsageScanner::default();
+            s.push(&body);
+            prop_assert!(s.object.len() <= MAX_OBJECT);
+        }
+    }
+}
