@@ -42,28 +42,43 @@ pub fn from_json(body: &[u8]) -> Option<Usage> {
 #[derive(Debug, Default)]
 pub struct SseReader {
     line: Vec<u8>,
+    /// The current line passed [`MAX_LINE`]: the rest of it is skipped, so a
+    /// line is never spliced together from the parts that happened to fit.
+    overlong: bool,
     pub usage: Option<Usage>,
     pub done: bool,
 }
 
 /// A longer line is not an event we can use; drop it rather than grow.
-const MAX_LINE: usize = 1 << 20;
+pub const MAX_LINE: usize = 1 << 20;
 
 impl SseReader {
     pub fn push(&mut self, mut chunk: &[u8]) {
         while let Some(nl) = chunk.iter().position(|&b| b == b'\n') {
-            if self.line.len() + nl <= MAX_LINE {
+            if !self.overlong && self.line.len() + nl <= MAX_LINE {
                 self.line.extend_from_slice(&chunk[..nl]);
                 let line = std::mem::take(&mut self.line);
                 self.on_line(&line);
                 self.line = line;
             }
             self.line.clear();
+            self.overlong = false;
             chunk = &chunk[nl + 1..];
+        }
+        if self.overlong {
+            return;
         }
         if self.line.len() + chunk.len() <= MAX_LINE {
             self.line.extend_from_slice(chunk);
+        } else {
+            self.overlong = true;
+            self.line.clear();
         }
+    }
+
+    /// Bytes held for the unfinished line (at most [`MAX_LINE`]).
+    pub fn buffered(&self) -> usize {
+        self.line.len()
     }
 
     fn on_line(&mut self, line: &[u8]) {
