@@ -5,7 +5,7 @@
 mod common;
 
 use common::cases;
-use fleetroute::observe::usage::{self, MAX_LINE, SseReader, Usage};
+use fleetroute::observe::usage::{self, JsonBody, MAX_JSON_BODY, MAX_LINE, SseReader, Usage};
 use proptest::prelude::*;
 use serde_json::json;
 
@@ -158,6 +158,27 @@ proptest! {
         let mut points: Vec<usize> = cuts.iter().map(|i| i.index(end)).collect();
         points.push(end.saturating_sub(near_end));
         prop_assert_eq!(read_at(&bytes, points), whole);
+    }
+
+    /// A JSON body around the size limit: read whole when it fits, dropped
+    /// whole when it does not, however it is chunked.
+    #[test]
+    fn json_body_limit(over in 0usize..64, fits in any::<bool>(), near_end in 1usize..64,
+                       cuts in prop::collection::vec(any::<prop::sample::Index>(), 1..8)) {
+        let head = r#"{"usage":{"prompt_tokens":7,"completion_tokens":1},"pad":""#;
+        let pad = if fits { MAX_JSON_BODY - head.len() - 2 - over.min(16) } else { MAX_JSON_BODY + over };
+        let bytes = [head.as_bytes(), &vec![b'x'; pad], b"\"}"].concat();
+        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len())).collect();
+        points.push(bytes.len() - near_end);
+        points.sort_unstable();
+        let mut body = JsonBody::default();
+        let mut start = 0;
+        for p in points.into_iter().chain([bytes.len()]) {
+            body.push(&bytes[start..p]);
+            prop_assert!(body.buffered() <= MAX_JSON_BODY);
+            start = p;
+        }
+        prop_assert_eq!(body.usage().is_some(), fits);
     }
 
     /// An event that never ends its line: memory stays within the bound.

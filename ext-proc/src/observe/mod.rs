@@ -14,10 +14,7 @@ use fleetroute_filter::contract::{self, RouteTag};
 use crate::route::experiment::Arm;
 use crate::state::load::RequestGuard;
 use crate::state::{Event, Shared};
-use usage::{SseReader, Usage};
-
-/// Largest non-streamed response body kept to read its usage.
-const MAX_JSON_BODY: usize = 4 << 20;
+use usage::{JsonBody, SseReader, Usage};
 
 /// One finished request, as the writer learns it.
 #[derive(Clone, Debug)]
@@ -61,7 +58,7 @@ pub struct Observer {
     served_by: Option<String>,
     first_byte: Option<Duration>,
     sse: Option<SseReader>,
-    json: Vec<u8>,
+    json: JsonBody,
     finished: bool,
 }
 
@@ -83,7 +80,7 @@ impl Observer {
             served_by: None,
             first_byte: None,
             sse: None,
-            json: Vec::new(),
+            json: JsonBody::default(),
             finished: false,
         }
     }
@@ -126,10 +123,7 @@ impl Observer {
         }
         match &mut self.sse {
             Some(r) => r.push(chunk),
-            None if self.json.len() + chunk.len() <= MAX_JSON_BODY => {
-                self.json.extend_from_slice(chunk)
-            }
-            None => {}
+            None => self.json.push(chunk),
         }
         if end_of_stream {
             self.finish(false);
@@ -166,7 +160,7 @@ impl Observer {
         };
         let (usage, ended_early) = match &self.sse {
             Some(r) => (r.usage, reset || !r.done),
-            None => (usage::from_json(&self.json), reset),
+            None => (self.json.usage(), reset),
         };
         self.shared.emit(Event::Observed(Box::new(Observation {
             stage,

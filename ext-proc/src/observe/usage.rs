@@ -38,6 +38,45 @@ pub fn from_json(body: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(body).ok()?.usage
 }
 
+/// Largest non-streamed response body kept to read its usage.
+pub const MAX_JSON_BODY: usize = 4 << 20;
+
+/// A non-streamed body, collected up to [`MAX_JSON_BODY`]. A larger one is
+/// dropped whole: reading on with the chunks that still fit would splice a
+/// document the engine never sent.
+#[derive(Debug, Default)]
+pub struct JsonBody {
+    buf: Vec<u8>,
+    over: bool,
+}
+
+impl JsonBody {
+    pub fn push(&mut self, chunk: &[u8]) {
+        if self.over {
+            return;
+        }
+        if self.buf.len() + chunk.len() <= MAX_JSON_BODY {
+            self.buf.extend_from_slice(chunk);
+        } else {
+            self.over = true;
+            self.buf = Vec::new();
+        }
+    }
+
+    pub fn usage(&self) -> Option<Usage> {
+        if self.over {
+            None
+        } else {
+            from_json(&self.buf)
+        }
+    }
+
+    /// Bytes held (at most [`MAX_JSON_BODY`]).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 /// Reads an SSE stream chunk by chunk, whatever the chunk boundaries.
 #[derive(Debug, Default)]
 pub struct SseReader {
