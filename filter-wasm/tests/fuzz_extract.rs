@@ -387,6 +387,12 @@ proptest! {
         }
     }
 
+}
+
+proptest! {
+    // Each case builds, parses and checks up to 20,000 messages.
+    #![proptest_config(cases(8, 256))]
+
     /// Huge message and prompt arrays: blocks stop at `max_blocks`, token
     /// estimates still count the whole prompt.
     #[test]

@@ -215,10 +215,16 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Envoy's count of requests that skipped fleetroute (ext_proc failing open):
-/// any means the run did not measure the full chain.
+/// any means the run did not measure the full chain. Prints every non-zero
+/// ext_proc counter, which tells timeouts from failed streams.
 fn envoy_failure_mode_allowed(lab: &Lab) -> Option<u64> {
     let (_, stats) =
         fleetroute_tests::harness::client::blocking_get(&format!("{}/stats", lab.envoy_admin))?;
+    for l in stats.lines().filter(|l| l.contains("ext_proc.")) {
+        if l.rsplit(' ').next().is_some_and(|v| v != "0") {
+            println!("envoy {l}");
+        }
+    }
     Some(
         stats
             .lines()
