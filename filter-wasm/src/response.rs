@@ -74,12 +74,14 @@ struct Details {
 /// Where `needle` ends in `chunk` when it starts in `tail` (the previous
 /// chunk's last bytes) and ends in `chunk`.
 fn across(tail: &[u8], chunk: &[u8], needle: &[u8]) -> Option<usize> {
-    let head = &chunk[..chunk.len().min(needle.len() - 1)];
+    let head = chunk
+        .get(..chunk.len().min(needle.len().saturating_sub(1)))
+        .unwrap_or_default();
     let mut joined = Vec::with_capacity(tail.len() + head.len());
     joined.extend_from_slice(tail);
     joined.extend_from_slice(head);
-    let from = tail.len().saturating_sub(needle.len() - 1);
-    memmem::find_iter(&joined[from..], needle)
+    let from = tail.len().saturating_sub(needle.len().saturating_sub(1));
+    memmem::find_iter(joined.get(from..).unwrap_or_default(), needle)
         .map(|i| from + i + needle.len())
         .find(|&end| end > tail.len())
         .map(|end| end - tail.len())
@@ -105,7 +107,7 @@ impl UsageScanner {
         }
         while pos < chunk.len() {
             match &mut self.state {
-                State::Seek => match memmem::find(&chunk[pos..], KEY) {
+                State::Seek => match memmem::find(chunk.get(pos..).unwrap_or_default(), KEY) {
                     Some(i) => {
                         pos += i + KEY.len();
                         self.state = State::Value;
@@ -113,7 +115,7 @@ impl UsageScanner {
                     None => break,
                 },
                 State::Value => {
-                    let b = chunk[pos];
+                    let Some(&b) = chunk.get(pos) else { break };
                     pos += 1;
                     match b {
                         b':' | b' ' | b'\t' | b'\r' | b'\n' => {}
@@ -135,7 +137,7 @@ impl UsageScanner {
                     in_string,
                     escaped,
                 } => {
-                    let b = chunk[pos];
+                    let Some(&b) = chunk.get(pos) else { break };
                     pos += 1;
                     if self.object.len() == MAX_OBJECT {
                         self.state = State::Seek;
@@ -167,7 +169,8 @@ impl UsageScanner {
         // Keep the last bytes for a needle split across this chunk and the next.
         if chunk.len() >= TAIL {
             self.tail.clear();
-            self.tail.extend_from_slice(&chunk[chunk.len() - TAIL..]);
+            self.tail
+                .extend_from_slice(chunk.get(chunk.len() - TAIL..).unwrap_or_default());
         } else {
             self.tail.extend_from_slice(chunk);
             let excess = self.tail.len().saturating_sub(TAIL);

@@ -45,17 +45,44 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// serde_yaml writes `path: message at line L column C`, without the path at
+/// the document's root; there the field the message names is the path.
+/// Some syntax errors carry no position in their text: it is added.
+fn yaml_error(e: &serde_yaml::Error) -> ConfigError {
+    let mut text = e.to_string();
+    if let Some(l) = e.location()
+        && !text.contains(" at line ")
+    {
+        text = format!("{text} at line {} column {}", l.line(), l.column());
+    }
+    if let Some((path, message)) = text.split_once(": ")
+        && !path.is_empty()
+        && !path.contains(char::is_whitespace)
+    {
+        return ConfigError {
+            path: path.to_string(),
+            message: message.to_string(),
+        };
+    }
+    let field = ["unknown field `", "missing field `", "duplicate field `"]
+        .iter()
+        .find_map(|p| text.strip_prefix(p))
+        .and_then(|rest| {
+            // The name itself may hold a backquote.
+            let end = rest.find("`, expected").or_else(|| rest.rfind('`'))?;
+            Some(&rest[..end])
+        });
+    ConfigError {
+        path: field.unwrap_or_default().to_string(),
+        message: text,
+    }
+}
+
 impl RouterConfig {
     /// Parses and validates YAML text.
     pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
-        // serde_yaml's message already starts with the field path and ends with
-        // the line and column.
-        let cfg: RouterConfig = serde_yaml::from_str(text).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                path: String::new(),
-                message: e.to_string(),
-            }])
-        })?;
+        let cfg: RouterConfig =
+            serde_yaml::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))?;
         let errors = validate::validate(&cfg);
         if errors.is_empty() {
             Ok(cfg)

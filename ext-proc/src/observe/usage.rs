@@ -38,32 +38,86 @@ pub fn from_json(body: &[u8]) -> Option<Usage> {
     serde_json::from_slice::<WithUsage>(body).ok()?.usage
 }
 
+/// Largest non-streamed response body kept to read its usage.
+pub const MAX_JSON_BODY: usize = 4 << 20;
+
+/// A non-streamed body, collected up to [`MAX_JSON_BODY`]. A larger one is
+/// dropped whole: reading on with the chunks that still fit would splice a
+/// document the engine never sent.
+#[derive(Debug, Default)]
+pub struct JsonBody {
+    buf: Vec<u8>,
+    over: bool,
+}
+
+impl JsonBody {
+    pub fn push(&mut self, chunk: &[u8]) {
+        if self.over {
+            return;
+        }
+        if self.buf.len() + chunk.len() <= MAX_JSON_BODY {
+            self.buf.extend_from_slice(chunk);
+        } else {
+            self.over = true;
+            self.buf = Vec::new();
+        }
+    }
+
+    pub fn usage(&self) -> Option<Usage> {
+        if self.over {
+            None
+        } else {
+            from_json(&self.buf)
+        }
+    }
+
+    /// Bytes held (at most [`MAX_JSON_BODY`]).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 /// Reads an SSE stream chunk by chunk, whatever the chunk boundaries.
 #[derive(Debug, Default)]
 pub struct SseReader {
     line: Vec<u8>,
+    /// The current line passed [`MAX_LINE`]: the rest of it is skipped, so a
+    /// line is never spliced together from the parts that happened to fit.
+    overlong: bool,
     pub usage: Option<Usage>,
     pub done: bool,
 }
 
 /// A longer line is not an event we can use; drop it rather than grow.
-const MAX_LINE: usize = 1 << 20;
+pub const MAX_LINE: usize = 1 << 20;
 
 impl SseReader {
     pub fn push(&mut self, mut chunk: &[u8]) {
         while let Some(nl) = chunk.iter().position(|&b| b == b'\n') {
-            if self.line.len() + nl <= MAX_LINE {
+            if !self.overlong && self.line.len() + nl <= MAX_LINE {
                 self.line.extend_from_slice(&chunk[..nl]);
                 let line = std::mem::take(&mut self.line);
                 self.on_line(&line);
                 self.line = line;
             }
             self.line.clear();
+            self.overlong = false;
             chunk = &chunk[nl + 1..];
+        }
+        if self.overlong {
+            return;
         }
         if self.line.len() + chunk.len() <= MAX_LINE {
             self.line.extend_from_slice(chunk);
+        } else {
+            self.overlong = true;
+            self.line.clear();
         }
+    }
+
+    /// Bytes held for the unfinished line (at most [`MAX_LINE`]).
+    pub fn buffered(&self) -> usize {
+        self.line.len()
     }
 
     fn on_line(&mut self, line: &[u8]) {

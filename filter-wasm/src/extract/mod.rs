@@ -72,6 +72,17 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
     if std::str::from_utf8(body).is_err() {
         return Extraction::empty(ParseStatus::NotJson, None);
     }
+    // A request is a JSON object. serde also reads a struct from an array,
+    // field by field in order, which would find a model in `["m"]`.
+    if !is_object(body) {
+        let json = serde_json::from_slice::<IgnoredAny>(body).is_ok();
+        let status = if json {
+            ParseStatus::BadShape
+        } else {
+            ParseStatus::NotJson
+        };
+        return Extraction::empty(status, None);
+    }
     let req: Request<'_> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(_) => {
@@ -104,8 +115,15 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
 /// hashes it; `None` when the body is not a request of the expected shape.
 /// Engines that model a prefix cache use this to agree with the router.
 pub fn canonical_text(body: &[u8]) -> Option<Vec<u8>> {
+    if !is_object(body) {
+        return None;
+    }
     let req: Request<'_> = serde_json::from_slice(body).ok()?;
     Some(canonical(&req).to_vec())
+}
+
+fn is_object(body: &[u8]) -> bool {
+    body.trim_ascii_start().first() == Some(&b'{')
 }
 
 /// The prompt text that is hashed: the chat messages, else the completions prompt.
@@ -308,5 +326,7 @@ mod tests {
         );
         assert_eq!(bad.headers(&c).len(), 2, "only parse status and model");
         assert_eq!(extract(b"[1,2]", &c).status, ParseStatus::BadShape);
+        let array = extract(br#"["m1", [{"role": "user", "content": "hi"}]]"#, &c);
+        assert_eq!((array.status, array.model), (ParseStatus::BadShape, None));
     }
 }
