@@ -38,7 +38,7 @@ done
 pids+=($!)
 "$bin/fleetroute" check-config envoy-config/router.yaml
 "$bin/fleetroute" bootstrap --config envoy-config/router.yaml --wasm "$wasm" > "$run/envoy.yaml"
-RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config envoy-config/router.yaml > "$run/fleetroute.log" 2>&1 &
+RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config envoy-config/router.yaml --envoy-admin 127.0.0.1:9901 > "$run/fleetroute.log" 2>&1 &
 pids+=($!)
 envoy -c "$run/envoy.yaml" --log-level warn > "$run/envoy.log" 2>&1 &
 pids+=($!)
