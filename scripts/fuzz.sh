@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs the property tests of every parser a request or response reaches (the
-# filter's body extraction and header parsing, the wire contract, ext-proc's
-# route headers, SSE/JSON usage, the router config loader) with many cases,
-# round after round with fresh random seeds, until SECONDS have passed
-# (default 300). `cargo test` runs the same properties with few cases.
+# filter's body extraction, header parsing and response usage scanner, the
+# wire contract, ext-proc's route headers, the router config loader) with
+# many cases, round after round with fresh random seeds, until SECONDS have
+# passed (default 300). `cargo test` runs the same properties with few cases.
 #
 #   scripts/fuzz.sh 600                 # ten minutes
 #   CASES=50000 scripts/fuzz.sh 600     # cases per property and round (default 20000)
@@ -22,8 +22,8 @@ targets=(
   "fleetroute-filter fuzz_extract"
   "fleetroute-filter fuzz_headers"
   "fleetroute-filter fuzz_contract"
+  "fleetroute-filter fuzz_response"
   "fleetroute fuzz_route_key"
-  "fleetroute fuzz_usage"
   "fleetroute fuzz_config"
 )
 

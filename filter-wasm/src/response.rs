@@ -15,10 +15,10 @@ const KEY: &[u8] = b"\"usage\"";
 /// `data: [DONE]` at the start of a line.
 const DONE: &[u8] = b"\ndata: [DONE]";
 /// A usage object larger than this is not one we can use.
-const MAX_OBJECT: usize = 4096;
+pub const MAX_OBJECT: usize = 4096;
 
 /// Bytes of the previous chunk kept to find a needle split across two.
-const TAIL: usize = 16;
+pub const TAIL: usize = 16;
 
 #[derive(Debug)]
 enum State {
@@ -177,6 +177,12 @@ impl UsageScanner {
             self.tail.drain(..excess);
         }
         changed
+    }
+
+    /// Bytes held between chunks: at most [`MAX_OBJECT`] + [`TAIL`], whatever
+    /// the body.
+    pub fn retained(&self) -> usize {
+        self.object.len() + self.tail.len()
     }
 
     fn parse_object(&mut self) -> bool {
