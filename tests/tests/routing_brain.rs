@@ -288,8 +288,12 @@ fn a_slow_replica_is_ejected_and_readmitted() {
     );
     lab.fault("r1", r#"{"slow_factor": 8.0}"#);
     let r1 = lab.replicas["r1"].clone();
+    // New keys each round: the same keys would stick to the same replicas
+    // (rendezvous and their cached prefixes), and might never reach r1.
+    let mut round = 0;
     let ejected = wait_for_value(Duration::from_secs(30), || {
-        stream_many(&lab, 8, "warm");
+        round += 1;
+        stream_many(&lab, 8, &format!("warm{round}"));
         let snap = snapshot(&lab);
         let reps = snap["fleets"][0]["replicas"].as_array().unwrap().clone();
         reps.iter()
