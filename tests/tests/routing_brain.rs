@@ -53,8 +53,8 @@ stages:
 
 #[test]
 fn priority_spills_when_the_base_saturates_and_returns() {
-    // 80 tokens at 25 ms: each request holds its slot for about two seconds,
-    // longer than it takes to send all ten even on a busy machine.
+    // 160 tokens at 25 ms: each request holds its slot for about four
+    // seconds, longer than it takes to send all ten even on a busy machine.
     let lab = lab(
         PRIORITY,
         &["--decode-ms-per-token", "25", "--max-batch", "16"],
@@ -69,7 +69,7 @@ fn priority_spills_when_the_base_saturates_and_returns() {
     let burst: Vec<_> = (0..10)
         .map(|i| {
             let u = url(&lab);
-            let body = chat_body_tokens("m1", Some(&format!("load-{i}")), "work", false, 80);
+            let body = chat_body_tokens("m1", Some(&format!("load-{i}")), "work", false, 160);
             thread::spawn(move || post(&u, body, &[]))
         })
         .collect();
@@ -78,9 +78,11 @@ fn priority_spills_when_the_base_saturates_and_returns() {
         .map(|h| h.join().unwrap().served_by().to_string())
         .collect();
     let on_base = served.iter().filter(|s| in_fleet(s, "b")).count();
+    // A routing call that timed out fails open to the base: say so if it did.
+    let failed_open = lab.envoy_stat("http.inference.ext_proc.failure_mode_allowed");
     assert_eq!(
         on_base, 4,
-        "base (2 replicas × 2) fills first, the rest spills: {served:?}"
+        "base (2 replicas × 2) fills first, the rest spills: {served:?} ({failed_open} failed open)"
     );
     assert_eq!(served.len() - on_base, 6);
 
