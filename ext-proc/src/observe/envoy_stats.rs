@@ -36,6 +36,20 @@ pub fn parse(text: &str) -> (u64, u64) {
     (written, dropped)
 }
 
+/// The body, or `None` past `MAX_BODY`: read piece by piece, so an admin
+/// endpoint that answers with more than expected costs at most that much.
+async fn read_bounded(mut resp: reqwest::Response) -> Option<Vec<u8>> {
+    let mut body = Vec::new();
+    // A read error mid-body is no answer, not a shorter one.
+    while let Some(piece) = resp.chunk().await.ok()? {
+        if body.len() + piece.len() > MAX_BODY {
+            return None;
+        }
+        body.extend_from_slice(&piece);
+    }
+    Some(body)
+}
+
 pub async fn run(shared: Arc<Shared>, envoy_admin: SocketAddr) {
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -46,8 +60,7 @@ pub async fn run(shared: Arc<Shared>, envoy_admin: SocketAddr) {
     loop {
         if let Ok(resp) = client.get(&url).send().await
             && resp.status().is_success()
-            && let Ok(body) = resp.bytes().await
-            && body.len() <= MAX_BODY
+            && let Some(body) = read_bounded(resp).await
         {
             let (written, dropped) = parse(&String::from_utf8_lossy(&body));
             for (result, v) in [("written", written), ("dropped", dropped)] {
