@@ -83,11 +83,7 @@ fn manifests(sub: &str) -> Vec<Doc> {
     assert!(!files.is_empty(), "no manifests under deploy/{sub}");
     let mut out = Vec::new();
     for f in files {
-        let file = f
-            .strip_prefix(deploy_dir())
-            .unwrap()
-            .display()
-            .to_string();
+        let file = f.strip_prefix(deploy_dir()).unwrap().display().to_string();
         for v in yaml_docs(&std::fs::read_to_string(&f).unwrap(), &file) {
             out.push(Doc {
                 file: file.clone(),
@@ -717,7 +713,12 @@ fn the_istio_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         assert_eq!(Some(&(port as u16)), ports.get(fleet), "fail-open to {h}");
         let name = istio_cluster(h, port);
         weighted.push(json!({ "name": name, "weight": at(r, "/weight") }));
-        let eps = &cfg.fleets.iter().find(|f| f.name == fleet).unwrap().endpoints;
+        let eps = &cfg
+            .fleets
+            .iter()
+            .find(|f| f.name == fleet)
+            .unwrap()
+            .endpoints;
         let mut c = static_cluster(&name, eps, false);
         c["lb_policy"] = json!("LEAST_REQUEST"); // Istio's default
         clusters.insert(name, c);
@@ -805,17 +806,11 @@ fn the_istio_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
                     }
                 }
                 ("VIRTUAL_HOST", "MERGE") => {
-                    assert_eq!(
-                        text(p, "/match/routeConfiguration/vhost/name"),
-                        vhost_name
-                    );
+                    assert_eq!(text(p, "/match/routeConfiguration/vhost/name"), vhost_name);
                     proto_merge(&mut hcm["route_config"]["virtual_hosts"][0], &value);
                 }
                 ("HTTP_ROUTE", "INSERT_BEFORE") => {
-                    assert_eq!(
-                        text(p, "/match/routeConfiguration/vhost/name"),
-                        vhost_name
-                    );
+                    assert_eq!(text(p, "/match/routeConfiguration/vhost/name"), vhost_name);
                     assert!(p.pointer("/match/routeConfiguration/vhost/route").is_none());
                     // The route names the fleet fleetroute writes and sends it
                     // to that fleet's Service's cluster.
@@ -893,7 +888,11 @@ fn the_istio_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         .collect();
     assert_eq!(
         order,
-        ["fleetroute.wasm", "fleetroute.ext_proc", "envoy.filters.http.router"]
+        [
+            "fleetroute.wasm",
+            "fleetroute.ext_proc",
+            "envoy.filters.http.router"
+        ]
     );
     // The WasmPlugin (kept for later) carries the same filter configuration.
     assert_eq!(wasm_filters.len(), 1);
@@ -927,16 +926,15 @@ fn json_path_add(doc: &mut Value, json_path: &str, path: &str, value: &Value) ->
     let rest = json_path.strip_prefix("..").expect("a `..` jsonPath");
     let (field, rest) = rest.split_once('[').unwrap();
     let (filter, tail) = rest.split_once(']').unwrap();
-    let pred: Box<dyn Fn(&str) -> bool> =
-        if let Some(n) = filter.strip_prefix("?(@.name=='") {
-            let n = n.strip_suffix("')").unwrap().to_string();
-            Box::new(move |x| x == n)
-        } else if let Some(s) = filter.strip_prefix("?match(@.name, '.*") {
-            let s = s.strip_suffix("')").unwrap().to_string();
-            Box::new(move |x| x.ends_with(&s))
-        } else {
-            panic!("jsonPath form not supported here: {json_path}")
-        };
+    let pred: Box<dyn Fn(&str) -> bool> = if let Some(n) = filter.strip_prefix("?(@.name=='") {
+        let n = n.strip_suffix("')").unwrap().to_string();
+        Box::new(move |x| x == n)
+    } else if let Some(s) = filter.strip_prefix("?match(@.name, '.*") {
+        let s = s.strip_suffix("')").unwrap().to_string();
+        Box::new(move |x| x.ends_with(&s))
+    } else {
+        panic!("jsonPath form not supported here: {json_path}")
+    };
     let keys: Vec<&str> = tail.split('.').filter(|k| !k.is_empty()).collect();
     fn walk(
         v: &mut Value,
@@ -997,7 +995,11 @@ fn the_envoy_gateway_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
     let listener = &list(gw, "/spec/listeners")[0];
     let listener_name = format!("{}/{}/{}", ns(gw), name(gw), text(listener, "/name"));
     let hostname = text(listener, "/hostname");
-    let proxy = find(&eg, "EnvoyProxy", text(gw, "/spec/infrastructure/parametersRef/name"));
+    let proxy = find(
+        &eg,
+        "EnvoyProxy",
+        text(gw, "/spec/infrastructure/parametersRef/name"),
+    );
     assert_eq!(
         at(proxy, "/spec/filterOrder"),
         &json!([{ "name": "envoy.filters.http.wasm", "before": "envoy.filters.http.ext_proc" }]),
@@ -1036,7 +1038,11 @@ fn the_envoy_gateway_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         }
         let removed = list(rule, "/filters/0/requestHeaderModifier/remove");
         assert!(removed.iter().any(|h| h == "x-fleetroute-cluster"));
-        assert!(removed.iter().any(|h| h == "x-gateway-destination-endpoint"));
+        assert!(
+            removed
+                .iter()
+                .any(|h| h == "x-gateway-destination-endpoint")
+        );
         match header {
             Some(h) => {
                 assert_eq!(backends.len(), 1);
@@ -1106,7 +1112,10 @@ fn the_envoy_gateway_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         }));
     }
     http_filters.push(router_filter());
-    let als = text(proxy, "/spec/telemetry/accessLog/settings/0/sinks/0/als/backendRefs/0/name");
+    let als = text(
+        proxy,
+        "/spec/telemetry/accessLog/settings/0/sinks/0/als/backendRefs/0/name",
+    );
     assert_eq!(als, "fleetroute");
     clusters.push(static_cluster(
         "fleetroute-als",
@@ -1148,12 +1157,7 @@ fn the_envoy_gateway_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         match text(p, "/type").rsplit('.').next().unwrap() {
             "Listener" | "RouteConfiguration" => {
                 assert_eq!(target, listener_name);
-                let n = json_path_add(
-                    &mut boot,
-                    text(op, "/jsonPath"),
-                    text(op, "/path"),
-                    value,
-                );
+                let n = json_path_add(&mut boot, text(op, "/jsonPath"), text(op, "/path"), value);
                 assert_eq!(n, 1, "{} selects one object", text(op, "/jsonPath"));
             }
             "Cluster" => {
@@ -1179,8 +1183,8 @@ fn the_envoy_gateway_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         override_host, fleets,
         "the override-host policy on every fleet's cluster"
     );
-    let wasm = &boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
-        ["typed_config"]["http_filters"][0]["typed_config"]["config"];
+    let wasm = &boot["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        ["http_filters"][0]["typed_config"]["config"];
     assert_eq!(wasm["allow_on_headers_stop_iteration"], true);
 
     let (ok, log) = validate(&boot, &bins.wasm);
