@@ -10,6 +10,8 @@ pub mod api;
 mod auth;
 mod errors;
 mod server;
+#[cfg(test)]
+mod tests;
 mod views;
 
 pub use auth::{admin_token, bearer};

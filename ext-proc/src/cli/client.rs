@@ -101,3 +101,20 @@ impl Client {
         self.send(req).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_shows_the_apis_message_else_the_body() {
+        let s = reqwest::StatusCode::CONFLICT;
+        let body = r#"{"error":{"code":"conflict","message":"outside the residency"}}"#;
+        assert_eq!(refusal(s, body), "409 Conflict: outside the residency");
+        let s = reqwest::StatusCode::BAD_GATEWAY;
+        assert_eq!(
+            refusal(s, "upstream down\n"),
+            "502 Bad Gateway: upstream down"
+        );
+    }
+}
