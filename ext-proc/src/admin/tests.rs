@@ -218,12 +218,24 @@ async fn unknown_stages_fleets_replicas_and_paths_are_404() {
 #[tokio::test]
 async fn changes_the_running_config_cannot_take_are_409() {
     let api = api(WriterIs::Running, Some(TOKEN));
+    post_ok(
+        &api,
+        api::SPLIT,
+        r#"{"stage":"chat","fleet":"b","weight":0}"#,
+    )
+    .await;
     for (body, path, needle) in [
         // Weights belong to the weighted policy; batch is a priority stage.
         (
             r#"{"stage":"batch","fleet":"a","weight":2}"#,
             api::SPLIT,
             "priority policy",
+        ),
+        // b weighs 0 (set above): a at 0 too would leave chat no fleet.
+        (
+            r#"{"stage":"chat","fleet":"a","weight":0}"#,
+            api::SPLIT,
+            "no fleet with a weight",
         ),
         // A shadow to an eu fleet would take chat's traffic out of its residency.
         (
@@ -242,12 +254,11 @@ async fn changes_the_running_config_cannot_take_are_409() {
         assert_eq!((status, e.error.code), (409, ErrorCode::Conflict), "{body}");
         assert!(e.error.message.contains(needle), "{}", e.error.message);
     }
-    assert!(
-        api.shared.snapshot().config.stages[0]
-            .experiment
-            .shadow
-            .is_none()
-    );
+    // A refused change leaves everything as it was.
+    let snap = api.shared.snapshot();
+    let chat = &snap.config.stages[0];
+    assert!(chat.experiment.ab.is_none() && chat.experiment.shadow.is_none());
+    assert_eq!(chat.routing.weights.as_ref().unwrap().get("a"), None);
 }
 
 #[tokio::test]

@@ -123,6 +123,12 @@ impl Writer {
                 }
                 let weights = st.routing.weights.get_or_insert_with(Default::default);
                 let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
+                // Unlisted fleets weigh 1; with every weight 0 nothing routes.
+                if st.fleets.iter().all(|f| weights.get(f) == Some(&0.0)) {
+                    return Err(ChangeError::Conflict(format!(
+                        "stage '{stage}' would have no fleet with a weight above 0"
+                    )));
+                }
                 self.commit(cfg)?;
                 Ok(format!(
                     "stage '{stage}': weight of fleet '{fleet}' {old} -> {weight} (others unchanged)"
