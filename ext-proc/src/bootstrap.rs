@@ -172,9 +172,10 @@ mod tests {
 
     fn opts() -> BootstrapOptions {
         BootstrapOptions {
-            listen: "127.0.0.1:10000".parse().unwrap(),
-            envoy_admin: "127.0.0.1:9901".parse().unwrap(),
-            grpc: "127.0.0.1:50051".parse().unwrap(),
+            // The template is rendered with the defaults: it shows them.
+            listen: crate::listen::ENVOY_LISTEN.parse().unwrap(),
+            envoy_admin: crate::listen::ENVOY_ADMIN.parse().unwrap(),
+            grpc: crate::listen::GRPC.parse().unwrap(),
             wasm: "/etc/fleetroute/fleetroute_filter.wasm".into(),
             fail_closed: false,
         }

@@ -1,13 +1,14 @@
+//! Parses the command line and dispatches to the modules that do the work.
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use fleetroute::bootstrap::{BootstrapOptions, TEMPLATE, render};
-use fleetroute::cli::{Client, fleet_percent, render_endpoint, render_metrics};
-use fleetroute::config::RouterConfig;
-use fleetroute::serve::{ServeOptions, serve};
-use serde_json::{Value, json};
+use fleetroute::bootstrap::BootstrapOptions;
+use fleetroute::cli::{Target, View, commands, fleet_percent, local};
+use fleetroute::listen;
+use fleetroute::serve::{self, ServeOptions};
 
 /// fleetroute: routes OpenAI-style inference requests across fleets of model
 /// servers, as Envoy's ext_proc service.
@@ -25,7 +26,7 @@ struct Admin {
     #[arg(
         long,
         env = "FLEETROUTE_ADMIN",
-        default_value = "127.0.0.1:9190",
+        default_value = listen::ADMIN,
         global = true
     )]
     admin: String,
@@ -39,6 +40,15 @@ struct Admin {
     token: Option<String>,
 }
 
+impl Admin {
+    fn target(self) -> Target {
+        Target {
+            admin: self.admin,
+            token: self.token,
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Serve ext_proc (gRPC) and the admin API.
@@ -47,10 +57,10 @@ enum Command {
         #[arg(long, short, env = "FLEETROUTE_CONFIG")]
         config: PathBuf,
         /// ext_proc gRPC listen address.
-        #[arg(long, env = "FLEETROUTE_GRPC", default_value = "127.0.0.1:50051")]
+        #[arg(long, env = "FLEETROUTE_GRPC", default_value = listen::GRPC)]
         grpc: SocketAddr,
         /// Admin API listen address (metrics, readiness, changes).
-        #[arg(long, env = "FLEETROUTE_ADMIN", default_value = "127.0.0.1:9190")]
+        #[arg(long, env = "FLEETROUTE_ADMIN", default_value = listen::ADMIN)]
         admin: SocketAddr,
         /// Bearer token that admin API changes must carry; without it the
         /// admin API is read-only.
@@ -73,13 +83,13 @@ enum Command {
         #[arg(long)]
         wasm: PathBuf,
         /// Envoy's listener for clients.
-        #[arg(long, default_value = "127.0.0.1:10000")]
+        #[arg(long, default_value = listen::ENVOY_LISTEN)]
         listen: SocketAddr,
         /// Envoy's admin listener.
-        #[arg(long, default_value = "127.0.0.1:9901")]
+        #[arg(long, default_value = listen::ENVOY_ADMIN)]
         envoy_admin: SocketAddr,
         /// Where fleetroute serves ext_proc.
-        #[arg(long, default_value = "127.0.0.1:50051")]
+        #[arg(long, default_value = listen::GRPC)]
         grpc: SocketAddr,
         /// Answer a JSON 503 when fleetroute is unreachable instead of failing open.
         #[arg(long)]
@@ -203,21 +213,7 @@ enum ExperimentCmd {
 
 fn main() -> ExitCode {
     match Cli::parse().command {
-        Command::CheckConfig { file } => match RouterConfig::load(&file) {
-            Ok(cfg) => {
-                println!(
-                    "{}: ok ({} fleets, {} stages)",
-                    file.display(),
-                    cfg.fleets.len(),
-                    cfg.stages.len()
-                );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("{}: invalid router config\n{e}", file.display());
-                ExitCode::from(1)
-            }
-        },
+        Command::CheckConfig { file } => local::check_config(&file),
         Command::Bootstrap {
             config,
             wasm,
@@ -225,9 +221,9 @@ fn main() -> ExitCode {
             envoy_admin,
             grpc,
             fail_closed,
-        } => bootstrap(
-            config,
-            wasm,
+        } => local::bootstrap(
+            &config,
+            &wasm,
             BootstrapOptions {
                 listen,
                 envoy_admin,
@@ -242,32 +238,19 @@ fn main() -> ExitCode {
             admin,
             admin_token,
             envoy_admin,
-        } => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env()
-                        .unwrap_or_else(|_| "info".into()),
-                )
-                .init();
-            let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-            match rt.block_on(serve(ServeOptions {
-                config,
-                grpc,
-                admin,
-                admin_token,
-                envoy_admin,
-            })) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("fleetroute: {e}");
-                    ExitCode::from(1)
-                }
-            }
-        }
+        } => serve::run(ServeOptions {
+            config,
+            grpc,
+            admin,
+            admin_token,
+            envoy_admin,
+        }),
         Command::Endpoint {
             cmd: EndpointCmd::Get { stage, json, admin },
-        } => show(&admin, &stage, json, render_endpoint),
-        Command::Metrics { stage, json, admin } => show(&admin, &stage, json, render_metrics),
+        } => commands::show(&admin.target(), &stage, json, View::Endpoint),
+        Command::Metrics { stage, json, admin } => {
+            commands::show(&admin.target(), &stage, json, View::Metrics)
+        }
         Command::Split {
             cmd:
                 SplitCmd::Set {
@@ -276,18 +259,7 @@ fn main() -> ExitCode {
                     weight,
                     admin,
                 },
-        } => {
-            // JSON cannot carry NaN or infinity; the service checks the rest.
-            if !weight.is_finite() {
-                eprintln!("fleetroute: weight {weight} must be a finite number >= 0");
-                return ExitCode::from(2);
-            }
-            change(
-                &admin,
-                "/v1/split",
-                json!({ "stage": stage, "fleet": fleet, "weight": weight }),
-            )
-        }
+        } => commands::split_set(&admin.target(), stage, fleet, weight),
         Command::Fleet {
             cmd:
                 FleetCmd::Scale {
@@ -296,18 +268,10 @@ fn main() -> ExitCode {
                     max,
                     admin,
                 },
-        } => change(
-            &admin,
-            "/v1/scale",
-            json!({ "fleet": fleet, "min": min, "max": max }),
-        ),
+        } => commands::fleet_scale(&admin.target(), fleet, min, max),
         Command::Replica {
             cmd: ReplicaCmd::Drain { host, undo, admin },
-        } => change(
-            &admin,
-            "/v1/drain",
-            json!({ "replica": host, "drain": !undo }),
-        ),
+        } => commands::replica_drain(&admin.target(), host, undo),
         Command::Experiment {
             cmd:
                 ExperimentCmd::Set {
@@ -317,97 +281,10 @@ fn main() -> ExitCode {
                     shadow,
                     admin,
                 },
-        } => {
-            let mut ex = json!({});
-            if let Some(c) = control {
-                let variants: Vec<Value> = variant
-                    .iter()
-                    .map(|(f, p)| json!({ "fleet": f, "percent": p }))
-                    .collect();
-                ex["ab"] = json!({ "control": c, "variants": variants });
-            }
-            if let Some((f, p)) = shadow {
-                ex["shadow"] = json!({ "fleet": f, "percent": p });
-            }
-            change(
-                &admin,
-                "/v1/experiment",
-                json!({ "stage": stage, "experiment": ex }),
-            )
-        }
+        } => commands::experiment_set(&admin.target(), stage, control, variant, shadow),
         Command::Experiment {
             cmd: ExperimentCmd::Clear { stage, admin },
-        } => change(
-            &admin,
-            "/v1/experiment",
-            json!({ "stage": stage, "experiment": {} }),
-        ),
-        Command::Reload { admin } => change(&admin, "/v1/reload", json!({})),
-    }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-fn show(admin: &Admin, stage: &str, json: bool, render: fn(&Value) -> String) -> ExitCode {
-    let client = Client::new(&admin.admin, admin.token.clone());
-    match runtime().block_on(client.get("/v1/stage", &[("name", stage)])) {
-        Ok(v) if json => {
-            println!("{}", serde_json::to_string_pretty(&v).expect("json"));
-            ExitCode::SUCCESS
-        }
-        Ok(v) => {
-            print!("{}", render(&v));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("fleetroute: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn change(admin: &Admin, path: &str, body: Value) -> ExitCode {
-    let client = Client::new(&admin.admin, admin.token.clone());
-    match runtime().block_on(client.post(path, body)) {
-        Ok(v) => {
-            println!("{}", v["applied"].as_str().unwrap_or("applied"));
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("fleetroute: {e}");
-            ExitCode::from(1)
-        }
-    }
-}
-
-fn bootstrap(config: PathBuf, wasm: PathBuf, mut opts: BootstrapOptions) -> ExitCode {
-    let cfg = match RouterConfig::load(&config) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("{}: invalid router config\n{e}", config.display());
-            return ExitCode::from(1);
-        }
-    };
-    opts.wasm = match std::path::absolute(&wasm) {
-        Ok(p) => p.display().to_string(),
-        Err(e) => {
-            eprintln!("--wasm {}: {e}", wasm.display());
-            return ExitCode::from(1);
-        }
-    };
-    match render(TEMPLATE, &cfg, &opts) {
-        Ok(yaml) => {
-            print!("{yaml}");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("bootstrap: {e}");
-            ExitCode::from(1)
-        }
+        } => commands::experiment_set(&admin.target(), stage, None, Vec::new(), None),
+        Command::Reload { admin } => commands::reload(&admin.target()),
     }
 }

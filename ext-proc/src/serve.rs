@@ -3,7 +3,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
@@ -12,9 +12,9 @@ use tokio::net::TcpListener;
 
 use crate::admin::AdminState;
 use crate::config::RouterConfig;
-use crate::metrics::ResultLabel;
 use crate::observe::access_log::LogService;
-use crate::state::{Change, Shared, Writer};
+use crate::reload::Reloader;
+use crate::state::Writer;
 use crate::stream::Service;
 
 pub struct ServeOptions {
@@ -29,6 +29,24 @@ pub struct ServeOptions {
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
+/// `fleetroute serve`: logs to stderr (`RUST_LOG`, default info) and serves
+/// until SIGTERM or Ctrl-C.
+pub fn run(opts: ServeOptions) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match rt.block_on(serve(opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("fleetroute: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
 pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let token = crate::admin::admin_token(opts.admin_token)?;
     let cfg =
@@ -38,8 +56,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     tokio::spawn(crate::state::health::run_checks(shared.clone()));
     tokio::spawn(crate::state::health::run_warmups(shared.clone()));
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
-    tokio::spawn(reload_on_sighup(shared.clone(), opts.config.clone()));
-    tokio::spawn(reload_on_change(shared.clone(), opts.config.clone()));
+    let reloader = Reloader::new(shared.clone(), opts.config.clone());
+    tokio::spawn(reload_on_sighup(reloader.clone()));
+    tokio::spawn(reload_on_change(reloader.clone()));
     if let Some(addr) = opts.envoy_admin {
         tokio::spawn(crate::observe::envoy_stats::run(shared.clone(), addr));
     }
@@ -54,11 +73,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         tracing::info!("no admin token configured: the admin API is read-only");
     }
     tracing::info!(grpc = %grpc.local_addr()?, admin = %admin.local_addr()?, "fleetroute listening");
-    let admin_app = crate::admin::router(AdminState {
-        shared: shared.clone(),
-        config_path: opts.config.clone(),
-        token,
-    });
+    let admin_app = crate::admin::router(AdminState::new(shared.clone(), reloader, token));
     tokio::spawn(async move {
         if let Err(e) = axum::serve(admin, admin_app).await {
             tracing::error!("admin listener failed: {e}");
@@ -86,40 +101,12 @@ async fn shutdown() {
     tracing::info!("shutting down");
 }
 
-/// Loads, validates and applies the config file. An invalid file is refused
-/// with its field-path errors and the running config stays.
-pub async fn reload(shared: &Shared, path: &Path, source: &str) -> Result<String, String> {
-    match RouterConfig::load(path) {
-        Ok(cfg) => {
-            shared
-                .change(Change::Reload {
-                    config: Box::new(cfg),
-                    source: source.to_string(),
-                })
-                .await
-        }
-        Err(e) => {
-            shared
-                .metrics
-                .reloads
-                .get_or_create(&ResultLabel {
-                    result: "refused".into(),
-                })
-                .inc();
-            Err(format!(
-                "{}: invalid router config, the running config stays:\n{e}",
-                path.display()
-            ))
-        }
-    }
-}
-
-async fn reload_on_sighup(shared: Arc<Shared>, path: PathBuf) {
+async fn reload_on_sighup(reloader: Reloader) {
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
         return;
     };
     while hup.recv().await.is_some() {
-        if let Err(e) = reload(&shared, &path, "SIGHUP").await {
+        if let Err(e) = reloader.reload("SIGHUP").await {
             tracing::error!("{e}");
         }
     }
@@ -127,19 +114,20 @@ async fn reload_on_sighup(shared: Arc<Shared>, path: PathBuf) {
 
 /// Polls the file's modification time and size: works for editors that
 /// replace the file and for mounted config maps alike.
-async fn reload_on_change(shared: Arc<Shared>, path: PathBuf) {
+async fn reload_on_change(reloader: Reloader) {
     let stamp = |p: &Path| {
         std::fs::metadata(p)
             .ok()
             .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
     };
-    let mut last = stamp(&path);
+    let path = reloader.path();
+    let mut last = stamp(path);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = stamp(&path);
+        let now = stamp(path);
         if now.is_some() && now != last {
             last = now;
-            if let Err(e) = reload(&shared, &path, "file changed").await {
+            if let Err(e) = reloader.reload("file changed").await {
                 tracing::error!("{e}");
             }
         }

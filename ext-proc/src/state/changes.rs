@@ -35,15 +35,48 @@ pub enum Change {
     },
 }
 
-fn stage_index(cfg: &RouterConfig, stage: &str) -> Result<usize, String> {
+/// Why a change was refused; the admin API maps each kind to its status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ChangeError {
+    /// The change itself is malformed (a config file that does not validate).
+    #[error("{0}")]
+    Invalid(String),
+    /// It names a stage, fleet or replica that does not exist.
+    #[error("{0}")]
+    Unknown(String),
+    /// Well-formed, but the running config cannot take it (wrong policy,
+    /// residency, bounds): the whole edited config fails validation.
+    #[error("{0}")]
+    Conflict(String),
+    /// The writer is gone: nothing can change until fleetroute restarts.
+    #[error("the state writer has stopped")]
+    Stopped,
+}
+
+fn stage_index(cfg: &RouterConfig, stage: &str) -> Result<usize, ChangeError> {
     cfg.stages
         .iter()
         .position(|s| s.name == stage)
-        .ok_or_else(|| format!("no stage '{stage}'"))
+        .ok_or_else(|| ChangeError::Unknown(format!("no stage '{stage}'")))
+}
+
+/// Every fleet an experiment names must exist (whether it belongs to the
+/// stage is the validator's, a conflict).
+fn known_fleets(cfg: &RouterConfig, ex: &ExperimentConfig) -> Result<(), ChangeError> {
+    let ab = ex
+        .ab
+        .iter()
+        .flat_map(|ab| std::iter::once(&ab.control).chain(ab.variants.iter().map(|v| &v.fleet)));
+    for name in ab.chain(ex.shadow.iter().map(|s| &s.fleet)) {
+        if !cfg.fleets.iter().any(|f| &f.name == name) {
+            return Err(ChangeError::Unknown(format!("unknown fleet '{name}'")));
+        }
+    }
+    Ok(())
 }
 
 impl Writer {
-    pub(super) fn change(&mut self, change: Change, now: Instant) -> Result<String, String> {
+    pub(super) fn change(&mut self, change: Change, now: Instant) -> Result<String, ChangeError> {
         let result = self.apply_change(change);
         if result.is_ok() {
             self.publish_if_dirty(now);
@@ -51,7 +84,7 @@ impl Writer {
         result
     }
 
-    fn apply_change(&mut self, change: Change) -> Result<String, String> {
+    fn apply_change(&mut self, change: Change) -> Result<String, ChangeError> {
         let m = &self.shared.metrics;
         match change {
             Change::Reload { config, source } => {
@@ -75,17 +108,27 @@ impl Writer {
                 let s = stage_index(&cfg, &stage)?;
                 let st = &mut cfg.stages[s];
                 if st.routing.policy != PolicyKind::Weighted {
-                    return Err(format!(
-                        "stage '{stage}' uses the {:?} policy; weights apply to the weighted policy",
-                        st.routing.policy
-                    )
-                    .to_lowercase());
+                    return Err(ChangeError::Conflict(
+                        format!(
+                            "stage '{stage}' uses the {:?} policy; weights apply to the weighted policy",
+                            st.routing.policy
+                        )
+                        .to_lowercase(),
+                    ));
                 }
                 if !st.fleets.contains(&fleet) {
-                    return Err(format!("fleet '{fleet}' is not in stage '{stage}'"));
+                    return Err(ChangeError::Unknown(format!(
+                        "fleet '{fleet}' is not in stage '{stage}'"
+                    )));
                 }
                 let weights = st.routing.weights.get_or_insert_with(Default::default);
                 let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
+                // Unlisted fleets weigh 1; with every weight 0 nothing routes.
+                if st.fleets.iter().all(|f| weights.get(f) == Some(&0.0)) {
+                    return Err(ChangeError::Conflict(format!(
+                        "stage '{stage}' would have no fleet with a weight above 0"
+                    )));
+                }
                 self.commit(cfg)?;
                 Ok(format!(
                     "stage '{stage}': weight of fleet '{fleet}' {old} -> {weight} (others unchanged)"
@@ -97,7 +140,7 @@ impl Writer {
                     .fleets
                     .iter_mut()
                     .find(|f| f.name == fleet)
-                    .ok_or_else(|| format!("no fleet '{fleet}'"))?;
+                    .ok_or_else(|| ChangeError::Unknown(format!("no fleet '{fleet}'")))?;
                 let old = f.hosts;
                 f.hosts = Some(Bounds { min, max });
                 self.commit(cfg)?;
@@ -112,6 +155,7 @@ impl Writer {
             Change::Experiment { stage, experiment } => {
                 let mut cfg = (*self.config).clone();
                 let s = stage_index(&cfg, &stage)?;
+                known_fleets(&cfg, &experiment)?;
                 let old = std::mem::replace(&mut cfg.stages[s].experiment, experiment.clone());
                 self.commit(cfg)?;
                 let show = |e: &ExperimentConfig| serde_json::to_string(e).unwrap_or_default();
@@ -132,7 +176,9 @@ impl Writer {
                     }
                 }
                 if found.is_empty() {
-                    return Err(format!("no replica at '{replica}' in any fleet"));
+                    return Err(ChangeError::Unknown(format!(
+                        "no replica at '{replica}' in any fleet"
+                    )));
                 }
                 self.dirty = true;
                 let verb = if drain {
@@ -149,8 +195,9 @@ impl Writer {
     }
 
     /// Validates a whole edited config and swaps it in.
-    fn commit(&mut self, cfg: RouterConfig) -> Result<(), String> {
-        cfg.check().map_err(|e| e.to_string())?;
+    fn commit(&mut self, cfg: RouterConfig) -> Result<(), ChangeError> {
+        cfg.check()
+            .map_err(|e| ChangeError::Conflict(e.to_string()))?;
         self.shared.metrics.admin_changes.inc();
         self.install(cfg);
         Ok(())

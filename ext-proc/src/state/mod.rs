@@ -25,7 +25,7 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
-pub use changes::Change;
+pub use changes::{Change, ChangeError};
 use decision_log::DecisionLog;
 pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
@@ -147,7 +147,7 @@ pub enum Event {
     /// why it was refused (the running state then stays as it was).
     Change {
         change: Box<Change>,
-        reply: Option<oneshot::Sender<Result<String, String>>>,
+        reply: Option<oneshot::Sender<Result<String, ChangeError>>>,
     },
 }
 
@@ -191,7 +191,7 @@ impl Shared {
     }
 
     /// Applies a change through the writer and waits for its verdict.
-    pub async fn change(&self, change: Change) -> Result<String, String> {
+    pub async fn change(&self, change: Change) -> Result<String, ChangeError> {
         let (tx, rx) = oneshot::channel();
         self.events
             .send(Event::Change {
@@ -199,9 +199,8 @@ impl Shared {
                 reply: Some(tx),
             })
             .await
-            .map_err(|_| "the state writer has stopped".to_string())?;
-        rx.await
-            .map_err(|_| "the state writer has stopped".to_string())?
+            .map_err(|_| ChangeError::Stopped)?;
+        rx.await.map_err(|_| ChangeError::Stopped)?
     }
 
     pub fn events(&self) -> mpsc::Sender<Event> {

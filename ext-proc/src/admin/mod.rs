@@ -1,0 +1,19 @@
+//! The admin HTTP API (loopback by default): readiness, Prometheus metrics,
+//! a view of each stage, and changes (split, host bounds, drain, experiments,
+//! reload). Reads are open; every change needs the bearer token fleetroute
+//! was started with, and is logged with what changed.
+//!
+//! `api` is the contract the CLI shares; `server` the routes; `views` reads
+//! the router's state into the API's views; `auth` and `errors` the rest.
+
+pub mod api;
+mod auth;
+mod errors;
+mod server;
+#[cfg(test)]
+mod tests;
+mod views;
+
+pub use auth::{admin_token, bearer};
+pub use errors::ApiError;
+pub use server::{AdminState, CHANGE_TIMEOUT, router};

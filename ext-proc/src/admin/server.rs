@@ -1,0 +1,219 @@
+//! The admin API's routes: reads answer views of the current snapshot;
+//! changes are authorised, checked, handed to the writer and answered with
+//! what changed or why not.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Json, Response};
+use axum::routing::{get, post};
+use serde::de::DeserializeOwned;
+
+use super::api::{
+    self, Applied, Check, DecisionQuery, DrainRequest, ExperimentRequest, ScaleRequest,
+    SnapshotView, SplitRequest, StageQuery, StageView,
+};
+use super::auth::authorize;
+use super::errors::ApiError;
+use super::views;
+use crate::reload::Reloader;
+use crate::state::{Change, ChangeError, Shared, decision_log};
+
+/// How long a change waits for the writer's verdict before answering 503.
+pub const CHANGE_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub struct AdminState {
+    pub shared: Arc<Shared>,
+    pub reloader: Reloader,
+    pub token: Option<String>,
+    pub change_timeout: Duration,
+}
+
+impl AdminState {
+    pub fn new(shared: Arc<Shared>, reloader: Reloader, token: Option<String>) -> AdminState {
+        AdminState {
+            shared,
+            reloader,
+            token,
+            change_timeout: CHANGE_TIMEOUT,
+        }
+    }
+}
+
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route(api::READY, get(ready))
+        .route(api::METRICS, get(metrics))
+        .route(api::DECISIONS, get(decisions))
+        .route(api::SNAPSHOT, get(snapshot))
+        .route(api::STAGES, get(stages))
+        .route(api::STAGE, get(stage))
+        .route(api::SPLIT, post(split))
+        .route(api::SCALE, post(scale))
+        .route(api::DRAIN, post(drain))
+        .route(api::EXPERIMENT, post(experiment))
+        .route(api::RELOAD, post(reload))
+        .fallback(|| async { ApiError::NotFound("no such path".into()) })
+        .method_not_allowed_fallback(|| async {
+            ApiError::MethodNotAllowed("this path does not take this method".into())
+        })
+        .with_state(state)
+}
+
+/// Ready once every replica has been probed at least once.
+async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
+    match views::unprobed(&s.shared.snapshot()) {
+        0 => (StatusCode::OK, "ready\n".to_string()),
+        n => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("{n} replicas not probed yet\n"),
+        ),
+    }
+}
+
+async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.shared.metrics.render(),
+    )
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    q.map(|Query(v)| v)
+        .map_err(|e| ApiError::Invalid(format!("query: {}", e.body_text())))
+}
+
+/// Newest first; at most `limit` records and `RESPONSE_BYTES` of JSON.
+async fn decisions(
+    State(s): State<AdminState>,
+    q: Result<Query<DecisionQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = query(q)?;
+    let records = s.shared.recent_decisions(decision_log::Query {
+        request_id: q.id.as_deref(),
+        decision_id: q.decision.as_deref(),
+        limit: q.limit.unwrap_or(100).min(decision_log::LOG_ENTRIES),
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        decision_log::json_within(&records, decision_log::RESPONSE_BYTES),
+    )
+        .into_response())
+}
+
+async fn snapshot(State(s): State<AdminState>) -> Json<SnapshotView> {
+    Json(views::snapshot_view(&s.shared.snapshot()))
+}
+
+async fn stages(State(s): State<AdminState>) -> Json<Vec<StageView>> {
+    Json(views::stage_views(&s.shared.snapshot()))
+}
+
+async fn stage(
+    State(s): State<AdminState>,
+    q: Result<Query<StageQuery>, QueryRejection>,
+) -> Result<Json<StageView>, ApiError> {
+    let q = query(q)?;
+    views::stage_by_name(&s.shared.snapshot(), &q.name)
+        .map(Json)
+        .ok_or_else(|| ApiError::NotFound(format!("no stage '{}'", q.name)))
+}
+
+/// Waits for the writer's verdict, at most `change_timeout`.
+async fn verdict(
+    s: &AdminState,
+    change: impl Future<Output = Result<String, ChangeError>>,
+) -> Result<Json<Applied>, ApiError> {
+    match tokio::time::timeout(s.change_timeout, change).await {
+        Ok(r) => Ok(Json(Applied { applied: r? })),
+        Err(_) => Err(ApiError::Unavailable(format!(
+            "the state writer did not answer within {} ms; the change may still apply",
+            s.change_timeout.as_millis()
+        ))),
+    }
+}
+
+/// An authorised change: the JSON body, its own checks, then the change it
+/// asks for.
+async fn change<B: DeserializeOwned + Check>(
+    s: &AdminState,
+    headers: &HeaderMap,
+    body: &[u8],
+    into: impl FnOnce(B) -> Change,
+) -> Result<Json<Applied>, ApiError> {
+    authorize(s.token.as_deref(), headers)?;
+    // JSON has no NaN or infinity: such a weight fails here.
+    let b: B = serde_json::from_slice(body).map_err(|e| ApiError::Invalid(format!("body: {e}")))?;
+    b.check().map_err(ApiError::Invalid)?;
+    verdict(s, s.shared.change(into(b))).await
+}
+
+async fn split(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Applied>, ApiError> {
+    change(&s, &headers, &body, |b: SplitRequest| Change::SetWeight {
+        stage: b.stage,
+        fleet: b.fleet,
+        weight: b.weight,
+    })
+    .await
+}
+
+async fn scale(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Applied>, ApiError> {
+    change(&s, &headers, &body, |b: ScaleRequest| Change::Scale {
+        fleet: b.fleet,
+        min: b.min,
+        max: b.max,
+    })
+    .await
+}
+
+async fn drain(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Applied>, ApiError> {
+    change(&s, &headers, &body, |b: DrainRequest| Change::Drain {
+        replica: b.replica,
+        drain: b.drain,
+    })
+    .await
+}
+
+async fn experiment(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Applied>, ApiError> {
+    change(&s, &headers, &body, |b: ExperimentRequest| {
+        Change::Experiment {
+            stage: b.stage,
+            experiment: b.experiment,
+        }
+    })
+    .await
+}
+
+async fn reload(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+) -> Result<Json<Applied>, ApiError> {
+    authorize(s.token.as_deref(), &headers)?;
+    verdict(&s, s.reloader.reload("admin API")).await
+}

@@ -1,0 +1,149 @@
+//! The API's views of a snapshot: the one place that reads the router's
+//! internal state layout for the admin API.
+
+use super::api::{FleetView, Health, ReplicaState, ReplicaView, SnapshotView, StageView};
+use crate::state::{self, Snapshot, health};
+use crate::topology::Policy;
+
+fn health_view(h: health::Health) -> Health {
+    match h {
+        health::Health::Unknown => Health::Unknown,
+        health::Health::Healthy => Health::Healthy,
+        health::Health::Unhealthy => Health::Unhealthy,
+    }
+}
+
+/// Same precedence as the state's own label (a test holds them equal).
+fn replica_state(st: &state::ReplicaState) -> ReplicaState {
+    match st.health {
+        health::Health::Unknown => ReplicaState::Unknown,
+        health::Health::Unhealthy => ReplicaState::Unhealthy,
+        health::Health::Healthy if st.draining => ReplicaState::Draining,
+        health::Health::Healthy if st.ejected => ReplicaState::Ejected,
+        health::Health::Healthy if !st.warm => ReplicaState::Warming,
+        health::Health::Healthy => ReplicaState::Ready,
+    }
+}
+
+fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> FleetView {
+    let fleet = &snap.topo.fleets[f];
+    let fs = &snap.fleets[f];
+    let sf = stage.map(|(s, i)| snap.stages[s][i]);
+    let weight = stage.and_then(|(s, _)| match &snap.topo.stages[s].policy {
+        Policy::Weighted { weights } => weights.get(f).copied(),
+        _ => None,
+    });
+    FleetView {
+        name: fleet.name.clone(),
+        region: fleet.region.clone(),
+        weight,
+        traffic_share: sf.map(|x| x.traffic_share),
+        hit_rate_predicted: sf.and_then(|x| x.hit_rate_predicted),
+        hit_rate_engine: sf.and_then(|x| x.hit_rate_engine),
+        ttft_p95_ms: fs.figures.ttft_p95_ms,
+        latency_ms_per_1k_tokens: fs.figures.latency,
+        error_rate: fs.figures.error_rate,
+        tokens_per_sec: fs.figures.tokens_per_sec,
+        cost_usd_per_gpu_hour: fleet.cost.as_ref().and_then(|c| c.gpu_hour_usd),
+        cost_usd_per_million_tokens: fs.figures.usd_per_mtok,
+        utilisation: fs.utilisation.is_finite().then_some(fs.utilisation),
+        saturated: fs.spilling,
+        desired_replicas: fs.desired_replicas,
+        hosts: fleet.hosts,
+        prefix_blocks: fs.prefix.len(),
+        replicas: fleet
+            .replicas
+            .iter()
+            .enumerate()
+            .map(|(r, rep)| {
+                let st = snap.replicas[f][r];
+                ReplicaView {
+                    addr: rep.addr.clone(),
+                    state: replica_state(&st),
+                    health: health_view(st.health),
+                    ready: st.ready(),
+                    warm: st.warm,
+                    ejected: st.ejected,
+                    draining: st.draining,
+                    inflight: rep.load.inflight(),
+                    queued_tokens: rep.load.pending_prefill(),
+                    engine_running: rep.load.engine_running(),
+                    engine_waiting: rep.load.engine_waiting(),
+                    engine_kv_usage: rep.load.kv_usage(),
+                }
+            })
+            .collect(),
+    }
+}
+
+pub fn stage_view(snap: &Snapshot, s: usize) -> StageView {
+    let st = &snap.topo.stages[s];
+    let cfg = snap.config.stages.iter().find(|c| c.name == st.name);
+    StageView {
+        name: st.name.clone(),
+        models: cfg.map(|c| c.models.clone()).unwrap_or_default(),
+        residency: st.residency.clone(),
+        replicas: st.replicas,
+        routing: st.routing.clone(),
+        experiment: cfg.map(|c| c.experiment.clone()).unwrap_or_default(),
+        fleets: st
+            .fleets
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| fleet_view(snap, f, Some((s, i))))
+            .collect(),
+    }
+}
+
+pub fn stage_by_name(snap: &Snapshot, name: &str) -> Option<StageView> {
+    let &s = snap.topo.by_stage_name.get(name)?;
+    Some(stage_view(snap, s))
+}
+
+pub fn stage_views(snap: &Snapshot) -> Vec<StageView> {
+    (0..snap.topo.stages.len())
+        .map(|s| stage_view(snap, s))
+        .collect()
+}
+
+pub fn snapshot_view(snap: &Snapshot) -> SnapshotView {
+    SnapshotView {
+        generation: snap.topo.generation,
+        fleets: (0..snap.topo.fleets.len())
+            .map(|f| fleet_view(snap, f, None))
+            .collect(),
+    }
+}
+
+/// Replicas not probed yet (`/ready` waits for none).
+pub fn unprobed(snap: &Snapshot) -> usize {
+    snap.replicas
+        .iter()
+        .flatten()
+        .filter(|r| r.health == health::Health::Unknown)
+        .count()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_view_state_is_the_state_label() {
+        for health in [
+            health::Health::Unknown,
+            health::Health::Healthy,
+            health::Health::Unhealthy,
+        ] {
+            for bits in 0..8u8 {
+                let st = state::ReplicaState {
+                    health,
+                    warm: bits & 1 != 0,
+                    ejected: bits & 2 != 0,
+                    draining: bits & 4 != 0,
+                };
+                assert_eq!(replica_state(&st).as_str(), st.label(), "{st:?}");
+            }
+        }
+    }
+}
