@@ -45,10 +45,10 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-/// serde_yaml writes `path: message at line L column C`, without the path at
+/// yaml_serde writes `path: message at line L column C`, without the path at
 /// the document's root; there the field the message names is the path.
 /// Some syntax errors carry no position in their text: it is added.
-fn yaml_error(e: &serde_yaml::Error) -> ConfigError {
+fn yaml_error(e: &yaml_serde::Error) -> ConfigError {
     let mut text = e.to_string();
     if let Some(l) = e.location()
         && !text.contains(" at line ")
@@ -82,7 +82,7 @@ impl RouterConfig {
     /// Parses and validates YAML text.
     pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
         let cfg: RouterConfig =
-            serde_yaml::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))?;
+            yaml_serde::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))?;
         let errors = validate::validate(&cfg);
         if errors.is_empty() {
             Ok(cfg)
