@@ -52,9 +52,9 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
     };
     let r = &stage.routing;
     let mut out = Vec::new();
-    match r.policy {
+    match r.policy() {
         PolicyKind::Priority => {
-            let mut order: Vec<String> = r.order.clone().unwrap_or_default();
+            let mut order: Vec<String> = r.order().unwrap_or_default().to_vec();
             for f in &stage.fleets {
                 if !order.contains(f) {
                     order.push(f.clone());
@@ -70,17 +70,7 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
             let shares: Vec<f64> = stage
                 .fleets
                 .iter()
-                .map(|f| {
-                    let w = match r.policy {
-                        PolicyKind::Weighted => r
-                            .weights
-                            .as_ref()
-                            .and_then(|w| w.get(f).copied())
-                            .unwrap_or(1.0),
-                        _ => 1.0,
-                    };
-                    w * replicas(f) as f64
-                })
+                .map(|f| r.weight(f) * replicas(f) as f64)
                 .collect();
             let ints = if shares.iter().any(|s| *s > 0.0) {
                 integer_shares(&shares)

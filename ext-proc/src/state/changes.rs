@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::writer::Writer;
-use crate::config::{Bounds, ExperimentConfig, PolicyKind, RouterConfig};
+use crate::config::{Bounds, ExperimentConfig, RouterConfig, RoutingConfig};
 use crate::metrics::ResultLabel;
 
 #[derive(Debug)]
@@ -74,17 +74,16 @@ impl Writer {
                 let mut cfg = (*self.config).clone();
                 let s = stage_index(&cfg, &stage)?;
                 let st = &mut cfg.stages[s];
-                if st.routing.policy != PolicyKind::Weighted {
+                let RoutingConfig::Weighted(w) = &mut st.routing else {
                     return Err(format!(
-                        "stage '{stage}' uses the {:?} policy; weights apply to the weighted policy",
-                        st.routing.policy
-                    )
-                    .to_lowercase());
-                }
+                        "stage '{stage}' uses the {} policy; weights apply to the weighted policy",
+                        st.routing.policy().name()
+                    ));
+                };
                 if !st.fleets.contains(&fleet) {
                     return Err(format!("fleet '{fleet}' is not in stage '{stage}'"));
                 }
-                let weights = st.routing.weights.get_or_insert_with(Default::default);
+                let weights = &mut w.weights;
                 let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
                 self.commit(cfg)?;
                 Ok(format!(
