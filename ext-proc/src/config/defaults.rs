@@ -163,3 +163,103 @@ impl Default for EnvoyOutlierConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use yaml_serde::Value;
+
+    use crate::config::RouterConfig;
+
+    /// Only what a config must say; everything else comes from the defaults.
+    /// One stage per policy family, so each policy's defaults show.
+    const MINIMAL: &str = r#"
+fleets:
+  - { name: f, region: r, endpoints: ["10.0.0.1:8000"] }
+stages:
+  - name: p
+    fleets: [f]
+    routing: { policy: priority }
+    warmup: { prompts: [{ body: { model: m } }] }
+  - { name: l, fleets: [f] }
+"#;
+
+    /// `(path, leaf)` pairs; list items that are maps share one path `[]`.
+    fn flatten(v: &Value, path: &str, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    let k = k.as_str().expect("string keys");
+                    let p = if path.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    flatten(v, &p, out);
+                }
+            }
+            Value::Sequence(items) if items.iter().any(Value::is_mapping) => {
+                for item in items {
+                    flatten(item, &format!("{path}[]"), out);
+                }
+            }
+            leaf => out.push((path.to_string(), leaf.clone())),
+        }
+    }
+
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a.as_f64(), b.as_f64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => a == b,
+        }
+    }
+
+    /// `| `path` | value | ...` rows of README.md's table of defaults.
+    fn documented() -> Vec<(String, Value)> {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("\n### Defaults\n").expect("a Defaults section");
+        readme[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let path = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let text = cells.get(2)?.trim_matches('`');
+                let value = match text {
+                    "none" => Value::Null,
+                    t => yaml_serde::from_str(t).expect("a YAML value"),
+                };
+                Some((path.to_string(), value))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_defaults_are_the_defaults() {
+        let cfg = RouterConfig::parse(MINIMAL).unwrap();
+        let mut actual = Vec::new();
+        flatten(&yaml_serde::to_value(&cfg).unwrap(), "", &mut actual);
+        let mut given = Vec::new();
+        flatten(&yaml_serde::from_str(MINIMAL).unwrap(), "", &mut given);
+        let docs = documented();
+        assert!(docs.len() > 40, "only {} rows read", docs.len());
+        for (path, value) in &docs {
+            assert!(
+                actual.iter().any(|(p, v)| p == path && same(v, value)),
+                "README says {path} defaults to {value:?}; the code: {:?}",
+                actual.iter().filter(|(p, _)| p == path).collect::<Vec<_>>()
+            );
+        }
+        for (path, value) in &actual {
+            let set_by_config = given.iter().any(|(p, _)| p == path);
+            let unset = value.is_null() || value.as_sequence().is_some_and(Vec::is_empty);
+            if set_by_config || unset {
+                continue;
+            }
+            assert!(
+                docs.iter().any(|(p, _)| p == path),
+                "{path} defaults to {value:?} but README.md's table omits it"
+            );
+        }
+    }
+}
