@@ -1,4 +1,5 @@
-//! The router config file as its users write it: fleets and stages.
+//! The router config file as its users write it: fleets and stages. Routing
+//! per policy is in `routing.rs`, every default in `defaults.rs`.
 
 use serde::{Deserialize, Serialize};
 

@@ -208,3 +208,90 @@ impl TryFrom<RoutingFields> for RoutingConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::RouterConfig;
+
+    const POLICIES: [PolicyKind; 4] = [
+        PolicyKind::Priority,
+        PolicyKind::Weighted,
+        PolicyKind::Latency,
+        PolicyKind::Cost,
+    ];
+
+    fn stage_with(routing: &str) -> String {
+        format!(
+            "fleets:\n  - {{ name: a, region: r, endpoints: [\"10.0.0.1:8000\"], cost: {{ gpu_hour_usd: 1 }} }}\nstages:\n  - name: s\n    fleets: [a]\n    routing: {routing}\n"
+        )
+    }
+
+    fn value_of(field: &str) -> &'static str {
+        match field {
+            "order" => "[a]",
+            "weights" => "{ a: 2 }",
+            _ => "0.3",
+        }
+    }
+
+    /// Every field under every policy: accepted by its owners, refused with
+    /// the block's path by the others.
+    #[test]
+    fn each_field_belongs_to_its_policies_only() {
+        for policy in POLICIES {
+            for (field, owners) in OWNERS {
+                let yaml = stage_with(&format!(
+                    "{{ policy: {}, {field}: {} }}",
+                    policy.name(),
+                    value_of(field)
+                ));
+                let got = RouterConfig::parse(&yaml).map_err(|e| e.to_string());
+                if owners.contains(&policy) {
+                    assert!(got.is_ok(), "{field} under {policy:?}: {got:?}");
+                } else {
+                    let want = format!(
+                        "stages[0].routing: {field} is not a field of policy {}",
+                        policy.name()
+                    );
+                    assert!(
+                        got.as_ref().is_err_and(|e| e.starts_with(&want)),
+                        "{field} under {policy:?}: {got:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// What is written back reads as the same routing, in YAML and in the
+    /// admin API's JSON.
+    #[test]
+    fn every_policy_round_trips() {
+        for routing in [
+            "{ policy: priority, order: [a], resume_below: 0.5 }",
+            "{ policy: weighted, weights: { a: 2 } }",
+            "{ policy: latency, exploration: 0.2 }",
+            "{ policy: cost, tolerance: 0.3 }",
+            "{}",
+        ] {
+            let cfg = RouterConfig::parse(&stage_with(routing)).unwrap();
+            let r = &cfg.stages[0].routing;
+            let yaml = yaml_serde::to_string(r).unwrap();
+            let back: RoutingConfig = yaml_serde::from_str(&yaml).unwrap();
+            assert_eq!(&back, r, "{routing} -> {yaml}");
+            let json = serde_json::to_string(r).unwrap();
+            let back: RoutingConfig = serde_json::from_str(&json).unwrap();
+            assert_eq!(&back, r, "{routing} -> {json}");
+        }
+    }
+
+    #[test]
+    fn unset_knobs_take_the_defaults() {
+        let cfg = RouterConfig::parse(&stage_with("{ policy: priority }")).unwrap();
+        assert_eq!(cfg.stages[0].routing.resume_below(), 0.8);
+        let cfg = RouterConfig::parse(&stage_with("{}")).unwrap();
+        let r = &cfg.stages[0].routing;
+        assert_eq!(r.policy(), PolicyKind::Latency);
+        assert_eq!((r.exploration(), r.tolerance()), (0.05, 0.1));
+    }
+}
