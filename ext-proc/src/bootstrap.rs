@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use serde_yaml::{Mapping, Value};
+use yaml_serde::{Mapping, Value};
 
 use crate::config::RouterConfig;
 use crate::{envoy_bounds, fail_open};
@@ -50,7 +50,7 @@ fn endpoint(addr: &str) -> Result<Value, String> {
     let addr: SocketAddr = addr
         .parse()
         .map_err(|_| format!("'{addr}' is not ip:port"))?;
-    Ok(serde_yaml::from_str(&format!(
+    Ok(yaml_serde::from_str(&format!(
         "endpoint: {{ address: {{ socket_address: {{ address: '{}', port_value: {} }} }} }}",
         addr.ip(),
         addr.port()
@@ -63,7 +63,7 @@ pub fn render(
     cfg: &RouterConfig,
     opts: &BootstrapOptions,
 ) -> Result<String, String> {
-    let mut doc: Value = serde_yaml::from_str(template).map_err(|e| format!("template: {e}"))?;
+    let mut doc: Value = yaml_serde::from_str(template).map_err(|e| format!("template: {e}"))?;
     *get_mut(&mut doc, &["admin", "address", "socket_address"])? = socket_address(opts.envoy_admin);
     envoy_bounds::overload(&mut doc, &cfg.envoy)?;
 
@@ -135,7 +135,7 @@ pub fn render(
     for c in &mut out {
         if c.get("name").and_then(Value::as_str) == Some("fleetroute") {
             let eps = get_mut(c, &["load_assignment", "endpoints"])?;
-            *eps = serde_yaml::from_str(&format!(
+            *eps = yaml_serde::from_str(&format!(
                 "[{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: '{}', port_value: {} }} }} }} }}] }}]",
                 opts.grpc.ip(),
                 opts.grpc.port()
@@ -161,7 +161,7 @@ pub fn render(
         out.push(c);
     }
     *clusters = out;
-    serde_yaml::to_string(&doc).map_err(|e| e.to_string())
+    yaml_serde::to_string(&doc).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -187,8 +187,8 @@ mod tests {
     fn shipped_files_agree() {
         let cfg = RouterConfig::parse(ROUTER).unwrap();
         let rendered: Value =
-            serde_yaml::from_str(&render(TEMPLATE, &cfg, &opts()).unwrap()).unwrap();
-        let shipped: Value = serde_yaml::from_str(TEMPLATE).unwrap();
+            yaml_serde::from_str(&render(TEMPLATE, &cfg, &opts()).unwrap()).unwrap();
+        let shipped: Value = yaml_serde::from_str(TEMPLATE).unwrap();
         assert!(
             rendered == shipped,
             "envoy-config/envoy.yaml and router.yaml disagree"
@@ -199,7 +199,7 @@ mod tests {
     /// except the shadow header its mirror policy still needs.
     #[test]
     fn the_template_strips_every_internal_header() {
-        let doc: Value = serde_yaml::from_str(TEMPLATE).unwrap();
+        let doc: Value = yaml_serde::from_str(TEMPLATE).unwrap();
         let removed = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
             ["route_config"]["request_headers_to_remove"];
         let removed: Vec<&str> = removed
@@ -228,9 +228,9 @@ mod tests {
             ..opts()
         };
         let rendered: Value =
-            serde_yaml::from_str(&render(TEMPLATE, &cfg, &opts).unwrap()).unwrap();
+            yaml_serde::from_str(&render(TEMPLATE, &cfg, &opts).unwrap()).unwrap();
         let shipped: Value =
-            serde_yaml::from_str(include_str!("../../envoy-config/docker/envoy.yaml")).unwrap();
+            yaml_serde::from_str(include_str!("../../envoy-config/docker/envoy.yaml")).unwrap();
         assert!(
             rendered == shipped,
             "envoy-config/docker/envoy.yaml is stale: regenerate it with the command in its first line"
@@ -241,7 +241,7 @@ mod tests {
     /// that dies is reloaded.
     #[test]
     fn body_limits_answer_like_the_filter() {
-        let doc: Value = serde_yaml::from_str(TEMPLATE).unwrap();
+        let doc: Value = yaml_serde::from_str(TEMPLATE).unwrap();
         let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
         let mapper = hcm["local_reply_config"]["mappers"]
             .as_sequence()

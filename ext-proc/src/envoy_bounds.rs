@@ -4,7 +4,7 @@
 //! health checks and outlier detection. The template holds the defaults, so rendering
 //! the shipped router config reproduces it exactly.
 
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use crate::config::{EnvoyConfig, RouterConfig, StageConfig};
 use crate::fail_open::{self, duration};

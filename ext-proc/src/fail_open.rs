@@ -14,7 +14,7 @@
 //! after its hosts were marked unhealthy.)
 
 use serde_json::json;
-use serde_yaml::Value;
+use yaml_serde::Value;
 
 use crate::config::{PolicyKind, RouterConfig, StageConfig, TimeoutsConfig};
 
@@ -52,9 +52,9 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
     };
     let r = &stage.routing;
     let mut out = Vec::new();
-    match r.policy {
+    match r.policy() {
         PolicyKind::Priority => {
-            let mut order: Vec<String> = r.order.clone().unwrap_or_default();
+            let mut order: Vec<String> = r.order().unwrap_or_default().to_vec();
             for f in &stage.fleets {
                 if !order.contains(f) {
                     order.push(f.clone());
@@ -70,17 +70,7 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
             let shares: Vec<f64> = stage
                 .fleets
                 .iter()
-                .map(|f| {
-                    let w = match r.policy {
-                        PolicyKind::Weighted => r
-                            .weights
-                            .as_ref()
-                            .and_then(|w| w.get(f).copied())
-                            .unwrap_or(1.0),
-                        _ => 1.0,
-                    };
-                    w * replicas(f) as f64
-                })
+                .map(|f| r.weight(f) * replicas(f) as f64)
                 .collect();
             let ints = if shares.iter().any(|s| *s > 0.0) {
                 integer_shares(&shares)
@@ -166,7 +156,7 @@ fn route_pair(header: Option<&str>, stage: &str, t: &TimeoutsConfig) -> [Value; 
             "timeout": format!("{}s", t.response_ms as f64 / 1000.0),
             "retry_policy": retry_policy(t, streaming),
         });
-        serde_yaml::to_value(json!({ "match": m, "route": route })).expect("json is yaml")
+        yaml_serde::to_value(json!({ "match": m, "route": route })).expect("json is yaml")
     })
 }
 
@@ -186,7 +176,7 @@ pub fn routes(cfg: &RouterConfig) -> Vec<Value> {
     match default_stage {
         Some(s) => routes.extend(route_pair(None, &s.name, t)),
         None => routes.push(
-            serde_yaml::from_str(
+            yaml_serde::from_str(
                 "match: { prefix: '/' }\n\
                  direct_response: { status: 404, body: { inline_string: '{\"error\":{\"message\":\"no stage serves this model\",\"type\":\"routing_error\",\"code\":\"model_not_found\"}}' } }",
             )
@@ -221,7 +211,7 @@ pub fn endpoints(cfg: &RouterConfig, stage: &StageConfig) -> Result<Value, Strin
         }
         groups.push(g);
     }
-    Ok(serde_yaml::to_value(groups).expect("json is yaml"))
+    Ok(yaml_serde::to_value(groups).expect("json is yaml"))
 }
 
 #[cfg(test)]
@@ -296,9 +286,9 @@ stages:
     #[test]
     fn no_fallback_cluster_leaves_its_stage() {
         let c = cfg("{ policy: weighted }", "[a, b, c]");
-        let text = serde_yaml::to_string(&endpoints(&c, &c.stages[0]).unwrap()).unwrap();
+        let text = yaml_serde::to_string(&endpoints(&c, &c.stages[0]).unwrap()).unwrap();
         assert!(!text.contains("10.9.0.1"), "{text}");
-        let eu = serde_yaml::to_string(&endpoints(&c, &c.stages[1]).unwrap()).unwrap();
+        let eu = yaml_serde::to_string(&endpoints(&c, &c.stages[1]).unwrap()).unwrap();
         assert!(eu.contains("10.9.0.1") && !eu.contains("10.0."), "{eu}");
     }
 

@@ -143,9 +143,9 @@ impl Topology {
                 residency.sort();
                 residency.dedup();
                 let r = &s.routing;
-                let policy = match r.policy {
+                let policy = match r.policy() {
                     PolicyKind::Priority => Policy::Priority {
-                        order: match &r.order {
+                        order: match r.order() {
                             Some(o) => o.iter().map(|n| fleet_idx[n.as_str()]).collect(),
                             None => idx.clone(),
                         },
@@ -153,11 +153,7 @@ impl Topology {
                     PolicyKind::Weighted => {
                         let mut weights = vec![0.0; fleets.len()];
                         for &i in &idx {
-                            weights[i] = r
-                                .weights
-                                .as_ref()
-                                .and_then(|w| w.get(&fleets[i].name).copied())
-                                .unwrap_or(1.0);
+                            weights[i] = r.weight(&fleets[i].name);
                         }
                         Policy::Weighted { weights }
                     }

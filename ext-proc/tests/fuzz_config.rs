@@ -7,7 +7,7 @@ mod common;
 use common::cases;
 use fleetroute::config::{ConfigError, RouterConfig};
 use proptest::prelude::*;
-use serde_yaml::{Mapping, Value};
+use yaml_serde::{Mapping, Value};
 
 const EXAMPLE: &str = include_str!("../../envoy-config/router.yaml");
 
@@ -44,7 +44,7 @@ fn names_a_field(e: &ConfigError, doc: &Value) -> Result<(), String> {
             m.keys().any(|k| {
                 let name = match k.as_str() {
                     Some(s) => s.to_string(),
-                    None => serde_yaml::to_string(k)
+                    None => yaml_serde::to_string(k)
                         .unwrap_or_default()
                         .trim_end()
                         .to_string(),
@@ -76,11 +76,11 @@ fn names_a_field(e: &ConfigError, doc: &Value) -> Result<(), String> {
 }
 
 fn check(text: &str) -> Result<(), TestCaseError> {
-    let doc: Option<Value> = serde_yaml::from_str(text).ok();
+    let doc: Option<Value> = yaml_serde::from_str(text).ok();
     match RouterConfig::parse(text) {
         Ok(cfg) => {
             // A config that loads also loads again as written back.
-            let again = serde_yaml::to_string(&cfg).unwrap();
+            let again = yaml_serde::to_string(&cfg).unwrap();
             prop_assert!(
                 RouterConfig::parse(&again).is_ok(),
                 "written back:\n{}",
@@ -257,19 +257,19 @@ proptest! {
     /// Arbitrary YAML documents built from the config's own field names.
     #[test]
     fn arbitrary_documents(doc in yaml_value()) {
-        check(&serde_yaml::to_string(&doc).unwrap())?;
+        check(&yaml_serde::to_string(&doc).unwrap())?;
     }
 
     /// One to three random mutations of the example config.
     #[test]
     fn mutated_example(picks in prop::collection::vec((any::<prop::sample::Index>(), mutation()), 1..4)) {
-        let mut doc: Value = serde_yaml::from_str(EXAMPLE).unwrap();
+        let mut doc: Value = yaml_serde::from_str(EXAMPLE).unwrap();
         for (pick, m) in &picks {
             let mut all = Vec::new();
             paths(&doc, &mut Vec::new(), &mut all);
             let path = pick.get(&all).clone();
             mutate(&mut doc, &path, m);
         }
-        check(&serde_yaml::to_string(&doc).unwrap())?;
+        check(&yaml_serde::to_string(&doc).unwrap())?;
     }
 }

@@ -30,8 +30,6 @@ pub const BLOCK_TOKENS: &str = "x-fleetroute-block-tokens";
 pub const PROMPT_TOKENS: &str = "x-fleetroute-prompt-tokens";
 pub const MAX_TOKENS: &str = "x-fleetroute-max-tokens";
 pub const STREAM: &str = "x-fleetroute-stream";
-/// How far the filter got with the body: see [`ParseStatus`].
-pub const PARSE: &str = "x-fleetroute-parse";
 
 // Written by ext-proc.
 /// The route's `cluster_header`: the fleet (Envoy cluster) chosen.
@@ -59,7 +57,6 @@ pub const REQUEST_HEADERS: &[&str] = &[
     PROMPT_TOKENS,
     MAX_TOKENS,
     STREAM,
-    PARSE,
     CLUSTER,
     ROUTE,
     SHADOW,

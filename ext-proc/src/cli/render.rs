@@ -29,7 +29,7 @@ fn headline(stage: &StageView) -> String {
     let mut s = format!(
         "stage {}  policy {}  residency {}  replicas {}\n",
         stage.name,
-        format!("{:?}", stage.routing.policy).to_lowercase(),
+        stage.routing.policy().name(),
         stage.residency.join(","),
         bounds(stage.replicas)
     );

@@ -35,19 +35,6 @@ pub struct TimeoutsConfig {
     pub response_ms: u64,
 }
 
-impl Default for TimeoutsConfig {
-    fn default() -> Self {
-        TimeoutsConfig {
-            request_headers_ms: 10_000,
-            request_ms: 60_000,
-            stream_idle_ms: 300_000,
-            connection_idle_ms: 300_000,
-            upstream_idle_ms: 60_000,
-            response_ms: 600_000,
-        }
-    }
-}
-
 /// Envoy's overload manager: refuse gracefully instead of growing.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -58,15 +45,6 @@ pub struct OverloadConfig {
     pub max_heap_bytes: u64,
     /// Downstream connections across all listeners; more are refused.
     pub max_connections: u64,
-}
-
-impl Default for OverloadConfig {
-    fn default() -> Self {
-        OverloadConfig {
-            max_heap_bytes: 1 << 30,
-            max_connections: 10_000,
-        }
-    }
 }
 
 /// Retries on fleet clusters are limited by a budget that grows with load,
@@ -83,15 +61,6 @@ pub struct RetriesConfig {
     pub budget_percent: f64,
     /// Concurrent retries always allowed, however few requests are active.
     pub min_concurrency: u32,
-}
-
-impl Default for RetriesConfig {
-    fn default() -> Self {
-        RetriesConfig {
-            budget_percent: 100.0,
-            min_concurrency: 64,
-        }
-    }
 }
 
 /// Envoy's own outlier detection on fleet clusters. It is what keeps the
@@ -111,17 +80,4 @@ pub struct EnvoyOutlierConfig {
     /// Never more than this percentage of a fleet ejected at once (at least
     /// one host may always be ejected).
     pub max_ejection_percent: u32,
-}
-
-impl Default for EnvoyOutlierConfig {
-    fn default() -> Self {
-        EnvoyOutlierConfig {
-            consecutive_5xx: 5,
-            consecutive_gateway_failure: 3,
-            consecutive_local_origin_failure: 2,
-            interval_ms: 1000,
-            base_ejection_ms: 10_000,
-            max_ejection_percent: 50,
-        }
-    }
 }

@@ -1,15 +1,21 @@
 //! Loading and validating the router config. Every error names its field path,
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
+mod defaults;
 mod envoy;
 mod model;
+mod routing;
+mod valid;
 mod validate;
 
 use std::fmt;
 use std::path::Path;
 
+pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use model::*;
+pub use routing::*;
+pub use valid::{ValidConfig, validate};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {
@@ -45,10 +51,10 @@ impl fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
-/// serde_yaml writes `path: message at line L column C`, without the path at
+/// yaml_serde writes `path: message at line L column C`, without the path at
 /// the document's root; there the field the message names is the path.
 /// Some syntax errors carry no position in their text: it is added.
-fn yaml_error(e: &serde_yaml::Error) -> ConfigError {
+fn yaml_error(e: &yaml_serde::Error) -> ConfigError {
     let mut text = e.to_string();
     if let Some(l) = e.location()
         && !text.contains(" at line ")
@@ -81,19 +87,19 @@ fn yaml_error(e: &serde_yaml::Error) -> ConfigError {
 impl RouterConfig {
     /// Parses and validates YAML text.
     pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
+        Self::parse_valid(text).map(ValidConfig::into_inner)
+    }
+
+    /// Parses YAML text into a config only the validator can vouch for.
+    pub fn parse_valid(text: &str) -> Result<ValidConfig, ConfigErrors> {
         let cfg: RouterConfig =
-            serde_yaml::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))?;
-        let errors = validate::validate(&cfg);
-        if errors.is_empty() {
-            Ok(cfg)
-        } else {
-            Err(ConfigErrors(errors))
-        }
+            yaml_serde::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))?;
+        validate(cfg)
     }
 
     /// Validates a config built or edited in code.
     pub fn check(&self) -> Result<(), ConfigErrors> {
-        let errors = validate::validate(self);
+        let errors = validate::errors(self);
         if errors.is_empty() {
             Ok(())
         } else {

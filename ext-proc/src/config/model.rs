@@ -1,6 +1,5 @@
-//! The router config file as its users write it: fleets and stages.
-
-use std::collections::BTreeMap;
+//! The router config file as its users write it: fleets and stages. Routing
+//! per policy is in `routing.rs`, every default in `defaults.rs`.
 
 use serde::{Deserialize, Serialize};
 
@@ -35,18 +34,6 @@ pub struct HealthCheckConfig {
     pub unhealthy_threshold: u32,
 }
 
-impl Default for HealthCheckConfig {
-    fn default() -> Self {
-        HealthCheckConfig {
-            path: "/health".into(),
-            interval_ms: 1000,
-            timeout_ms: 500,
-            healthy_threshold: 2,
-            unhealthy_threshold: 2,
-        }
-    }
-}
-
 /// Scraping each replica's Prometheus endpoint (vLLM metric names).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
@@ -55,16 +42,6 @@ pub struct EngineMetricsConfig {
     /// 0 turns scraping off.
     pub interval_ms: u64,
     pub timeout_ms: u64,
-}
-
-impl Default for EngineMetricsConfig {
-    fn default() -> Self {
-        EngineMetricsConfig {
-            path: "/metrics".into(),
-            interval_ms: 1000,
-            timeout_ms: 500,
-        }
-    }
 }
 
 /// How long a decision holds its replica's load when the access log never
@@ -80,17 +57,6 @@ pub struct LeaseConfig {
     pub decode_tokens_per_sec: f64,
     /// Output assumed for a request that sets no `max_tokens`.
     pub default_max_tokens: u32,
-}
-
-impl Default for LeaseConfig {
-    fn default() -> Self {
-        LeaseConfig {
-            min_ms: 10_000,
-            max_ms: 600_000,
-            decode_tokens_per_sec: 20.0,
-            default_max_tokens: 4096,
-        }
-    }
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -123,15 +89,6 @@ pub struct ScalingConfig {
     pub target_tokens_per_sec: Option<f64>,
 }
 
-impl Default for ScalingConfig {
-    fn default() -> Self {
-        ScalingConfig {
-            target_queue: 4.0,
-            target_tokens_per_sec: None,
-        }
-    }
-}
-
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostConfig {
@@ -159,17 +116,6 @@ pub struct CapacityConfig {
     pub kv_cache_tokens: u64,
 }
 
-impl Default for CapacityConfig {
-    fn default() -> Self {
-        CapacityConfig {
-            max_inflight: 64,
-            max_waiting: 8,
-            max_kv_usage: 0.95,
-            kv_cache_tokens: 1_000_000,
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bounds {
@@ -190,7 +136,7 @@ pub struct StageConfig {
     #[serde(default)]
     pub replicas: Option<Bounds>,
     #[serde(default)]
-    pub routing: RoutingConfig,
+    pub routing: super::RoutingConfig,
     #[serde(default)]
     pub replica_choice: ReplicaChoiceConfig,
     #[serde(default)]
@@ -261,19 +207,6 @@ pub struct ReplicaChoiceConfig {
     pub load_slack_tokens: f64,
 }
 
-impl Default for ReplicaChoiceConfig {
-    fn default() -> Self {
-        ReplicaChoiceConfig {
-            prefix_weight: 1.5,
-            load_weight: 1.0,
-            engine_queue_tokens: 512.0,
-            tie_tokens: 1024.0,
-            load_factor: 3.0,
-            load_slack_tokens: 32768.0,
-        }
-    }
-}
-
 /// What a fleet must meet to be chosen by the cost policy (and what the
 /// dashboards alarm on), over a sliding window.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -284,17 +217,6 @@ pub struct AlarmsConfig {
     pub window_s: u64,
     /// Below this many samples in the window a fleet counts as meeting them.
     pub min_samples: u32,
-}
-
-impl Default for AlarmsConfig {
-    fn default() -> Self {
-        AlarmsConfig {
-            ttft_p95_ms: None,
-            error_rate: None,
-            window_s: 60,
-            min_samples: 20,
-        }
-    }
 }
 
 /// Ejecting replicas that fall behind their fleet's median.
@@ -323,40 +245,16 @@ pub struct OutlierConfig {
     pub max_ejection_s: u64,
 }
 
-impl Default for OutlierConfig {
-    fn default() -> Self {
-        OutlierConfig {
-            enabled: true,
-            factor: 2.0,
-            min_error_rate_gap: 0.1,
-            max_error_rate: 0.5,
-            window_s: 30,
-            min_samples: 10,
-            max_ejected_share: 0.5,
-            base_ejection_s: 10,
-            max_ejection_s: 300,
-        }
-    }
-}
-
 /// Golden prompts a replica must answer before it (re)joins the rotation.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmupConfig {
     /// Request path, e.g. /v1/chat/completions.
-    #[serde(default = "default_warmup_path")]
+    #[serde(default = "super::defaults::warmup_path")]
     pub path: String,
     pub prompts: Vec<GoldenPrompt>,
-    #[serde(default = "default_warmup_timeout")]
+    #[serde(default = "super::defaults::warmup_timeout_ms")]
     pub timeout_ms: u64,
-}
-
-fn default_warmup_path() -> String {
-    "/v1/chat/completions".into()
-}
-
-fn default_warmup_timeout() -> u64 {
-    10_000
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -382,56 +280,5 @@ impl OneOrMany {
             OneOrMany::One(s) => vec![s.clone()],
             OneOrMany::Many(v) => v.clone(),
         }
-    }
-}
-
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum PolicyKind {
-    Priority,
-    Weighted,
-    #[default]
-    Latency,
-    Cost,
-}
-
-/// One flat block for every policy; fields that belong to another policy are
-/// refused by validation, so a typo cannot silently fall back to a default.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RoutingConfig {
-    #[serde(default)]
-    pub policy: PolicyKind,
-    /// priority: fleets in fill order.
-    #[serde(default)]
-    pub order: Option<Vec<String>>,
-    /// weighted: weight per fleet (unlisted fleets weigh 1).
-    #[serde(default)]
-    pub weights: Option<BTreeMap<String, f64>>,
-    /// latency, cost: share of requests sent to a random eligible fleet so
-    /// every fleet's figures stay fresh.
-    #[serde(default)]
-    pub exploration: Option<f64>,
-    /// latency, cost: fleets within this fraction of the best count as tied
-    /// and share the traffic, so close figures do not herd onto one fleet.
-    #[serde(default)]
-    pub tolerance: Option<f64>,
-    /// priority: a saturated fleet spills; it takes traffic first again once
-    /// its utilisation is back under this fraction of capacity.
-    #[serde(default)]
-    pub resume_below: Option<f64>,
-}
-
-impl RoutingConfig {
-    pub fn exploration(&self) -> f64 {
-        self.exploration.unwrap_or(0.05)
-    }
-
-    pub fn tolerance(&self) -> f64 {
-        self.tolerance.unwrap_or(0.1)
-    }
-
-    pub fn resume_below(&self) -> f64 {
-        self.resume_below.unwrap_or(0.8)
     }
 }

@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::writer::Writer;
-use crate::config::{Bounds, ExperimentConfig, PolicyKind, RouterConfig};
+use crate::config::{Bounds, ExperimentConfig, RouterConfig, RoutingConfig};
 use crate::metrics::ResultLabel;
 
 #[derive(Debug)]
@@ -107,21 +107,18 @@ impl Writer {
                 let mut cfg = (*self.config).clone();
                 let s = stage_index(&cfg, &stage)?;
                 let st = &mut cfg.stages[s];
-                if st.routing.policy != PolicyKind::Weighted {
-                    return Err(ChangeError::Conflict(
-                        format!(
-                            "stage '{stage}' uses the {:?} policy; weights apply to the weighted policy",
-                            st.routing.policy
-                        )
-                        .to_lowercase(),
-                    ));
-                }
+                let RoutingConfig::Weighted(w) = &mut st.routing else {
+                    return Err(ChangeError::Conflict(format!(
+                        "stage '{stage}' uses the {} policy; weights apply to the weighted policy",
+                        st.routing.policy().name()
+                    )));
+                };
                 if !st.fleets.contains(&fleet) {
                     return Err(ChangeError::Unknown(format!(
                         "fleet '{fleet}' is not in stage '{stage}'"
                     )));
                 }
-                let weights = st.routing.weights.get_or_insert_with(Default::default);
+                let weights = &mut w.weights;
                 let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
                 // Unlisted fleets weigh 1; with every weight 0 nothing routes.
                 if st.fleets.iter().all(|f| weights.get(f) == Some(&0.0)) {

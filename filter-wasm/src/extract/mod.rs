@@ -40,7 +40,7 @@ impl Extraction {
 
     /// The route headers this extraction writes, in the contract's encoding.
     pub fn headers(&self, cfg: &FilterConfig) -> Vec<(&'static str, String)> {
-        let mut h = vec![(contract::PARSE, self.status.as_str().to_string())];
+        let mut h = Vec::new();
         if let Some(m) = &self.model {
             h.push((contract::MODEL, m.clone()));
         }
@@ -324,7 +324,11 @@ mod tests {
             (bad.status, bad.model.as_deref()),
             (ParseStatus::BadShape, Some("m1"))
         );
-        assert_eq!(bad.headers(&c).len(), 2, "only parse status and model");
+        assert_eq!(
+            bad.headers(&c),
+            vec![(contract::MODEL, "m1".to_string())],
+            "only the model"
+        );
         assert_eq!(extract(b"[1,2]", &c).status, ParseStatus::BadShape);
         let array = extract(br#"["m1", [{"role": "user", "content": "hi"}]]"#, &c);
         assert_eq!((array.status, array.model), (ParseStatus::BadShape, None));

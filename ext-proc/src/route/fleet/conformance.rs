@@ -262,7 +262,10 @@ fn weighted_shares_follow_weight_times_ready_replicas() {
 #[test]
 fn exploration_reaches_every_fleet_and_stays_a_small_share() {
     let mut cfg = config("latency");
-    cfg.stages[0].routing.exploration = Some(0.1);
+    let crate::config::RoutingConfig::Latency(r) = &mut cfg.stages[0].routing else {
+        panic!("a latency stage");
+    };
+    r.exploration = 0.1;
     let topo = Arc::new(Topology::build(&cfg, 1, |_, _| Default::default()));
     let w = World {
         ready: vec![vec![true; 3]; 4],

@@ -1,0 +1,265 @@
+//! Every default of the router config, in one place. README.md's table of
+//! defaults is checked against these (`tests::the_readme_defaults_are_the_defaults`).
+
+use super::*;
+
+/// Latency and cost policies: share of requests sent to a random fleet.
+pub const EXPLORATION: f64 = 0.05;
+/// Latency and cost policies: fleets this close to the best count as tied.
+pub const TOLERANCE: f64 = 0.1;
+/// Priority policy: a spilling fleet takes traffic first again below this.
+pub const RESUME_BELOW: f64 = 0.8;
+
+pub fn warmup_path() -> String {
+    "/v1/chat/completions".into()
+}
+
+pub fn warmup_timeout_ms() -> u64 {
+    10_000
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        RoutingConfig::Latency(ScoredRouting {
+            exploration: EXPLORATION,
+            tolerance: TOLERANCE,
+        })
+    }
+}
+
+impl Default for HealthCheckConfig {
+    fn default() -> Self {
+        HealthCheckConfig {
+            path: "/health".into(),
+            interval_ms: 1000,
+            timeout_ms: 500,
+            healthy_threshold: 2,
+            unhealthy_threshold: 2,
+        }
+    }
+}
+
+impl Default for EngineMetricsConfig {
+    fn default() -> Self {
+        EngineMetricsConfig {
+            path: "/metrics".into(),
+            interval_ms: 1000,
+            timeout_ms: 500,
+        }
+    }
+}
+
+impl Default for LeaseConfig {
+    fn default() -> Self {
+        LeaseConfig {
+            min_ms: 10_000,
+            max_ms: 600_000,
+            decode_tokens_per_sec: 20.0,
+            default_max_tokens: 4096,
+        }
+    }
+}
+
+impl Default for ScalingConfig {
+    fn default() -> Self {
+        ScalingConfig {
+            target_queue: 4.0,
+            target_tokens_per_sec: None,
+        }
+    }
+}
+
+impl Default for CapacityConfig {
+    fn default() -> Self {
+        CapacityConfig {
+            max_inflight: 64,
+            max_waiting: 8,
+            max_kv_usage: 0.95,
+            kv_cache_tokens: 1_000_000,
+        }
+    }
+}
+
+impl Default for ReplicaChoiceConfig {
+    fn default() -> Self {
+        ReplicaChoiceConfig {
+            prefix_weight: 1.5,
+            load_weight: 1.0,
+            engine_queue_tokens: 512.0,
+            tie_tokens: 1024.0,
+            load_factor: 3.0,
+            load_slack_tokens: 32768.0,
+        }
+    }
+}
+
+impl Default for AlarmsConfig {
+    fn default() -> Self {
+        AlarmsConfig {
+            ttft_p95_ms: None,
+            error_rate: None,
+            window_s: 60,
+            min_samples: 20,
+        }
+    }
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        OutlierConfig {
+            enabled: true,
+            factor: 2.0,
+            min_error_rate_gap: 0.1,
+            max_error_rate: 0.5,
+            window_s: 30,
+            min_samples: 10,
+            max_ejected_share: 0.5,
+            base_ejection_s: 10,
+            max_ejection_s: 300,
+        }
+    }
+}
+
+impl Default for TimeoutsConfig {
+    fn default() -> Self {
+        TimeoutsConfig {
+            request_headers_ms: 10_000,
+            request_ms: 60_000,
+            stream_idle_ms: 300_000,
+            connection_idle_ms: 300_000,
+            upstream_idle_ms: 60_000,
+            response_ms: 600_000,
+        }
+    }
+}
+
+impl Default for OverloadConfig {
+    fn default() -> Self {
+        OverloadConfig {
+            max_heap_bytes: 1 << 30,
+            max_connections: 10_000,
+        }
+    }
+}
+
+impl Default for RetriesConfig {
+    fn default() -> Self {
+        RetriesConfig {
+            budget_percent: 100.0,
+            min_concurrency: 64,
+        }
+    }
+}
+
+impl Default for EnvoyOutlierConfig {
+    fn default() -> Self {
+        EnvoyOutlierConfig {
+            consecutive_5xx: 5,
+            consecutive_gateway_failure: 3,
+            consecutive_local_origin_failure: 2,
+            interval_ms: 1000,
+            base_ejection_ms: 10_000,
+            max_ejection_percent: 50,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use yaml_serde::Value;
+
+    use crate::config::RouterConfig;
+
+    /// Only what a config must say; everything else comes from the defaults.
+    /// One stage per policy family, so each policy's defaults show.
+    const MINIMAL: &str = r#"
+fleets:
+  - { name: f, region: r, endpoints: ["10.0.0.1:8000"] }
+stages:
+  - name: p
+    fleets: [f]
+    routing: { policy: priority }
+    warmup: { prompts: [{ body: { model: m } }] }
+  - { name: l, fleets: [f] }
+"#;
+
+    /// `(path, leaf)` pairs; list items that are maps share one path `[]`.
+    fn flatten(v: &Value, path: &str, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Mapping(m) => {
+                for (k, v) in m {
+                    let k = k.as_str().expect("string keys");
+                    let p = if path.is_empty() {
+                        k.to_string()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    flatten(v, &p, out);
+                }
+            }
+            Value::Sequence(items) if items.iter().any(Value::is_mapping) => {
+                for item in items {
+                    flatten(item, &format!("{path}[]"), out);
+                }
+            }
+            leaf => out.push((path.to_string(), leaf.clone())),
+        }
+    }
+
+    fn same(a: &Value, b: &Value) -> bool {
+        match (a.as_f64(), b.as_f64()) {
+            (Some(x), Some(y)) => x == y,
+            _ => a == b,
+        }
+    }
+
+    /// `| `path` | value | ...` rows of README.md's table of defaults.
+    fn documented() -> Vec<(String, Value)> {
+        let readme = include_str!("../../../README.md");
+        let start = readme.find("\n### Defaults\n").expect("a Defaults section");
+        readme[start..]
+            .lines()
+            .skip_while(|l| !l.starts_with('|'))
+            .take_while(|l| l.starts_with('|'))
+            .filter_map(|l| {
+                let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+                let path = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+                let text = cells.get(2)?.trim_matches('`');
+                let value = match text {
+                    "none" => Value::Null,
+                    t => yaml_serde::from_str(t).expect("a YAML value"),
+                };
+                Some((path.to_string(), value))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_readme_defaults_are_the_defaults() {
+        let cfg = RouterConfig::parse(MINIMAL).unwrap();
+        let mut actual = Vec::new();
+        flatten(&yaml_serde::to_value(&cfg).unwrap(), "", &mut actual);
+        let mut given = Vec::new();
+        flatten(&yaml_serde::from_str(MINIMAL).unwrap(), "", &mut given);
+        let docs = documented();
+        assert!(docs.len() > 40, "only {} rows read", docs.len());
+        for (path, value) in &docs {
+            assert!(
+                actual.iter().any(|(p, v)| p == path && same(v, value)),
+                "README says {path} defaults to {value:?}; the code: {:?}",
+                actual.iter().filter(|(p, _)| p == path).collect::<Vec<_>>()
+            );
+        }
+        for (path, value) in &actual {
+            let set_by_config = given.iter().any(|(p, _)| p == path);
+            let unset = value.is_null() || value.as_sequence().is_some_and(Vec::is_empty);
+            if set_by_config || unset {
+                continue;
+            }
+            assert!(
+                docs.iter().any(|(p, _)| p == path),
+                "{path} defaults to {value:?} but README.md's table omits it"
+            );
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! One fleet: its names, endpoints, cost, capacity and scaling bounds.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use super::{Errors, MAX_REPLICAS_PER_FLEET};
+use crate::config::{Bounds, CapacityConfig, CostConfig, FleetConfig, ScalingConfig};
+
+pub(super) fn fleet(f: &FleetConfig, p: &str, e: &mut Errors) {
+    e.name(format!("{p}.name"), &f.name, b"");
+    e.name(format!("{p}.region"), &f.region, b"");
+    endpoints(&f.endpoints, p, e);
+    if let Some(c) = &f.cost {
+        cost(c, &format!("{p}.cost"), e);
+    }
+    capacity(&f.capacity, &format!("{p}.capacity"), e);
+    if let Some(b) = f.hosts {
+        bounds(b, format!("{p}.hosts"), e);
+    }
+    scaling(&f.scaling, &format!("{p}.scaling"), e);
+}
+
+fn endpoints(eps: &[String], p: &str, e: &mut Errors) {
+    e.ensure(
+        eps.len() <= MAX_REPLICAS_PER_FLEET,
+        format!("{p}.endpoints"),
+        format!(
+            "{} endpoints; a fleet holds at most {MAX_REPLICAS_PER_FLEET}",
+            eps.len()
+        ),
+    );
+    let mut seen = HashSet::new();
+    for (j, ep) in eps.iter().enumerate() {
+        let path = format!("{p}.endpoints[{j}]");
+        if ep.parse::<SocketAddr>().is_err() {
+            e.push(path, format!("'{ep}' is not ip:port"));
+        } else if !seen.insert(ep) {
+            e.push(path, format!("duplicate endpoint '{ep}'"));
+        }
+    }
+}
+
+fn cost(c: &CostConfig, p: &str, e: &mut Errors) {
+    if let Some(v) = c.gpu_hour_usd {
+        e.non_negative(format!("{p}.gpu_hour_usd"), v);
+    }
+    if let Some(v) = c.usd_per_million_tokens {
+        e.non_negative(format!("{p}.usd_per_million_tokens"), v);
+    }
+    if let Some(n) = c.gpus_per_replica {
+        e.at_least(format!("{p}.gpus_per_replica"), n, 1);
+    }
+    e.ensure(
+        c.gpu_hour_usd.is_some() || c.usd_per_million_tokens.is_some(),
+        p,
+        "set gpu_hour_usd or usd_per_million_tokens",
+    );
+    if let Some(v) = c.tokens_per_sec {
+        e.positive(format!("{p}.tokens_per_sec"), v);
+    }
+}
+
+fn capacity(cap: &CapacityConfig, p: &str, e: &mut Errors) {
+    e.at_least(format!("{p}.kv_cache_tokens"), cap.kv_cache_tokens, 1);
+    e.at_least(format!("{p}.max_inflight"), cap.max_inflight, 1);
+    e.ensure(
+        cap.max_kv_usage > 0.0 && cap.max_kv_usage <= 1.0,
+        format!("{p}.max_kv_usage"),
+        "must be in (0, 1]",
+    );
+}
+
+fn scaling(s: &ScalingConfig, p: &str, e: &mut Errors) {
+    e.positive(format!("{p}.target_queue"), s.target_queue);
+    if let Some(v) = s.target_tokens_per_sec {
+        e.positive(format!("{p}.target_tokens_per_sec"), v);
+    }
+}
+
+/// `hosts` of a fleet, `replicas` of a stage.
+pub(super) fn bounds(b: Bounds, path: String, e: &mut Errors) {
+    e.ensure(
+        b.min <= b.max,
+        path,
+        format!("min {} is above max {}", b.min, b.max),
+    );
+}

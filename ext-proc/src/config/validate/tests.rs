@@ -1,0 +1,221 @@
+use crate::config::RouterConfig;
+
+const GOOD: &str = r#"
+fleets:
+  - name: gb200-rack
+    region: us
+    endpoints: ["10.0.0.11:8000", "10.0.0.12:8000"]
+    cost: { gpu_hour_usd: 9.5, gpus_per_replica: 8 }
+  - name: h200-burst
+    region: us
+    endpoints: ["10.1.0.21:8000"]
+    cost: { gpu_hour_usd: 4.2, gpus_per_replica: 8 }
+    hosts: { min: 0, max: 4 }
+  - name: eu-pool
+    region: eu
+    endpoints: ["10.2.0.1:8000"]
+stages:
+  - name: ds-flash/prod-us
+    models: [ds-flash]
+    fleets: [gb200-rack, h200-burst]
+    residency: us
+    replicas: { min: 2, max: 6 }
+    routing: { policy: priority, order: [gb200-rack, h200-burst] }
+"#;
+
+fn errors(yaml: &str) -> Vec<String> {
+    match RouterConfig::parse(yaml) {
+        Ok(_) => vec![],
+        Err(e) => e.0.iter().map(|e| e.to_string()).collect(),
+    }
+}
+
+#[test]
+fn the_design_example_is_valid() {
+    assert_eq!(errors(GOOD), Vec::<String>::new());
+}
+
+#[test]
+fn errors_name_the_field_path() {
+    let cases = [
+        (
+            GOOD.replace("order: [gb200-rack, h200-burst]", "order: [h200-bust]"),
+            "stages[0].routing.order[0]: unknown fleet 'h200-bust'",
+        ),
+        (
+            GOOD.replace(
+                "fleets: [gb200-rack, h200-burst]",
+                "fleets: [gb200-rack, eu-pool]",
+            ),
+            "stages[0].fleets[1]: fleet 'eu-pool' is in region 'eu', outside the stage's residency [us]",
+        ),
+        (
+            GOOD.replace("\"10.1.0.21:8000\"", "\"burst-1:8000\""),
+            "fleets[1].endpoints[0]: 'burst-1:8000' is not ip:port",
+        ),
+        (
+            GOOD.replace("policy: priority", "policy: weighted"),
+            "stages[0].routing: order is not a field of policy weighted (only of priority) at line 21 column 14",
+        ),
+        (
+            GOOD.replace(
+                "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                "routing: { policy: weighted, weights: { gb200-rack: -1 } }",
+            ),
+            "stages[0].routing.weights.gb200-rack: weight -1 must be finite and >= 0",
+        ),
+        (
+            GOOD.replace(
+                "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                "routing: { policy: weighted, weights: { gb200-rack: .nan } }",
+            ),
+            "stages[0].routing.weights.gb200-rack: weight NaN must be finite and >= 0",
+        ),
+        (
+            GOOD.replace(
+                "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                "routing:\n      policy: latency\n      weights: { gb200-rack: 2 }",
+            ),
+            "stages[0].routing: weights is not a field of policy latency (only of weighted) at line 22 column 7",
+        ),
+        (
+            GOOD.replace(
+                "order: [gb200-rack, h200-burst]",
+                "exploration: 0.1, tolerance: 0.2",
+            ),
+            "stages[0].routing: exploration is not a field of policy priority (only of latency and cost); tolerance is not",
+        ),
+        (
+            GOOD.replace(
+                "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                "routing: { exploration: 0.7 }",
+            ),
+            "stages[0].routing.exploration: 0.7 must be between 0 and 0.5",
+        ),
+        (
+            GOOD.replace("order: [gb200-rack, h200-burst]", "resume_below: 1"),
+            "stages[0].routing.resume_below: must be between 0 and 1 (exclusive)",
+        ),
+        (
+            GOOD.replace("policy: priority", "policy: priorty"),
+            "stages[0].routing.policy: unknown variant `priorty`",
+        ),
+        (
+            GOOD.replace("region: eu", "regoin: eu"),
+            "fleets[2]: unknown field `regoin`",
+        ),
+        (
+            GOOD.replace(
+                "gpus_per_replica: 8 }\n  - name: h200",
+                "gpus_per_replica: 0 }\n  - name: h200",
+            ),
+            "fleets[0].cost.gpus_per_replica: must be at least 1",
+        ),
+        (
+            format!("{GOOD}default_stage: nope\n"),
+            "default_stage: unknown stage 'nope'",
+        ),
+        (
+            GOOD.replace(
+                "replicas: { min: 2, max: 6 }",
+                "replicas: { min: 7, max: 6 }",
+            ),
+            "stages[0].replicas: min 7 is above max 6",
+        ),
+        (
+            GOOD.replace(
+                "replicas: { min: 2, max: 6 }",
+                "replicas: { min: 0, max: 1 }",
+            ),
+            "stages[0].replicas.max: 1 is below the 2 replicas",
+        ),
+        (
+            format!("{GOOD}    outlier: {{ max_ejection_s: 100000 }}\n"),
+            "stages[0].outlier.max_ejection_s: 100000 is more than a day",
+        ),
+        (
+            format!("{GOOD}    outlier: {{ max_error_rate: 0 }}\n"),
+            "stages[0].outlier.max_error_rate: must be more than 0 and at most 1",
+        ),
+        (
+            format!("{GOOD}    outlier: {{ max_error_rate: 1.5, min_samples: 0 }}\n"),
+            "stages[0].outlier.min_samples: must be at least 1",
+        ),
+        (
+            format!(
+                "{GOOD}    warmup: {{ timeout_ms: 0, prompts: [{{ body: {{ model: m }} }}] }}\n"
+            ),
+            "stages[0].warmup.timeout_ms: must be at least 1",
+        ),
+    ];
+    for (yaml, want) in cases {
+        let got = errors(&yaml);
+        assert!(
+            got.iter().any(|g| g.starts_with(want)),
+            "want {want:?}, got {got:?}"
+        );
+    }
+}
+
+/// The reference config in README.md is a valid config.
+#[test]
+fn the_readme_reference_config_is_valid() {
+    let readme = include_str!("../../../../README.md");
+    let start = readme
+        .find("```yaml\nhealth_check:")
+        .expect("reference block")
+        + "```yaml\n".len();
+    let end = start + readme[start..].find("```").expect("block end");
+    assert_eq!(errors(&readme[start..end]), Vec::<String>::new());
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let yaml = GOOD
+        .replace("order: [gb200-rack, h200-burst]", "order: [x, y]")
+        .replace("\"10.0.0.12:8000\"", "\"10.0.0.11:8000\"");
+    assert_eq!(errors(&yaml).len(), 3);
+}
+
+#[test]
+fn envoy_bounds_are_checked_with_their_paths() {
+    for (section, says) in [
+        (
+            "envoy: { timeouts: { request_ms: 0 } }",
+            "envoy.timeouts.request_ms: 0 must be between 1 and",
+        ),
+        (
+            "envoy: { timeouts: { upstream_idle_ms: 700000 } }",
+            "envoy.timeouts.upstream_idle_ms: must not exceed envoy.timeouts.response_ms",
+        ),
+        (
+            "envoy: { overload: { max_heap_bytes: 1000 } }",
+            "envoy.overload.max_heap_bytes: must be at least",
+        ),
+        (
+            "envoy: { retries: { budget_percent: 150 } }",
+            "envoy.retries.budget_percent: 150 must be above 0",
+        ),
+        (
+            "envoy: { outlier: { consecutive_local_origin_failure: 0 } }",
+            "envoy.outlier.consecutive_local_origin_failure: must be at least 1",
+        ),
+        (
+            "envoy: { outlier: { max_ejection_percent: 101 } }",
+            "envoy.outlier.max_ejection_percent: must be at most 100",
+        ),
+    ] {
+        let errs = errors(&format!("{section}\n{GOOD}"));
+        assert!(errs.iter().any(|e| e.contains(says)), "{section}: {errs:?}");
+    }
+    assert!(
+        errors(&format!(
+            "envoy: {{ timeouts: {{ request_ms: 5000 }} }}\n{GOOD}"
+        ))
+        .is_empty()
+    );
+    let unknown = errors(&format!(
+        "envoy: {{ timeouts: {{ upload_ms: 5 }} }}\n{GOOD}"
+    ));
+    assert!(unknown[0].contains("upload_ms"), "{unknown:?}");
+}
