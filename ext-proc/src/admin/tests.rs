@@ -258,7 +258,10 @@ async fn changes_the_running_config_cannot_take_are_409() {
     let snap = api.shared.snapshot();
     let chat = &snap.config.stages[0];
     assert!(chat.experiment.ab.is_none() && chat.experiment.shadow.is_none());
-    assert_eq!(chat.routing.weights.as_ref().unwrap().get("a"), None);
+    let crate::config::RoutingConfig::Weighted(w) = &chat.routing else {
+        panic!("stage chat is weighted");
+    };
+    assert_eq!(w.weights.get("a"), None);
 }
 
 #[tokio::test]
