@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod envoy_bounds;
 pub mod fail_open;
+pub mod membership;
 pub mod metrics;
 pub mod observe;
 pub mod route;
