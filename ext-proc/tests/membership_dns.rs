@@ -18,12 +18,6 @@ use tokio::task::JoinHandle;
 
 const DEADLINE: Duration = Duration::from_secs(15);
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Mode {
-    Answer,
-    ServFail,
-}
-
 #[derive(Default)]
 struct Zone {
     /// Lower-case FQDN -> (address, ttl).
@@ -78,8 +72,8 @@ impl DnsServer {
         self.zone.lock().unwrap().srv.insert(name.to_string(), list);
     }
 
-    fn set_mode(&self, mode: Mode) {
-        self.zone.lock().unwrap().servfail = mode == Mode::ServFail;
+    fn set_servfail(&self, on: bool) {
+        self.zone.lock().unwrap().servfail = on;
     }
 
     fn a_queries(&self) -> u64 {
@@ -177,9 +171,10 @@ async fn wait_members(rx: &mut MembershipRx, want: &[&str]) {
                 .is_some_and(|u| u.members.iter().map(|m| m.addr).collect::<BTreeSet<_>>() == want)
         }),
     )
-    .await;
+    .await
+    .is_ok_and(|r| r.is_ok());
     assert!(
-        got.is_ok(),
+        got,
         "timed out waiting for members {want:?}; last: {:?}",
         rx.borrow()
     );
@@ -291,7 +286,7 @@ async fn dns_failure_keeps_the_last_good_set() {
     wait_members(&mut rx, &["127.0.0.1:80", "127.0.0.2:80"]).await;
     rx.borrow_and_update();
 
-    server.set_mode(Mode::ServFail);
+    server.set_servfail(true);
     wait_for("two failed lookups", || counters.snapshot().failures >= 2).await;
     assert!(
         !rx.has_changed().unwrap(),

@@ -359,9 +359,10 @@ async fn wait_members(rx: &mut MembershipRx, want: Want<'_>) {
             })
         }),
     )
-    .await;
+    .await
+    .is_ok_and(|r| r.is_ok());
     assert!(
-        got.is_ok(),
+        got,
         "timed out waiting for {want:?}; last: {:?}",
         members_of(rx)
     );
