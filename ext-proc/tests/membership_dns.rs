@@ -310,11 +310,14 @@ async fn dns_failure_keeps_the_last_good_set() {
     assert_eq!(rx.borrow().as_ref().unwrap().members.len(), 2);
 
     // A server on the same port again: the source recovers with the new records.
+    // The aborted server task releases its socket asynchronously: retry the bind.
+    let start = Instant::now();
     let socket = loop {
         match UdpSocket::bind(addr).await {
             Ok(s) => break s,
-            Err(e) => panic!("rebinding {addr}: {e}"),
+            Err(e) => assert!(start.elapsed() < DEADLINE, "rebinding {addr}: {e}"),
         }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let zone = Arc::new(Mutex::new(Zone::default()));
     zone.lock().unwrap().addrs.insert(
