@@ -473,7 +473,10 @@ async fn kube_lists_ready_endpoints_on_the_named_port_across_slices() {
     )
     .await;
     assert_eq!(counters.snapshot().relists, 1);
-    task.abort();
+    // Nobody listens any more: the watch stops.
+    drop(rx);
+    let stopped = tokio::time::timeout(DEADLINE, task).await;
+    assert!(stopped.is_ok_and(|r| r.is_ok()), "the watch did not stop");
 }
 
 #[tokio::test]

@@ -112,7 +112,10 @@ impl DnsWatch {
                     self.interval
                 }
             };
-            tokio::time::sleep(wait.max(self.min_interval)).await;
+            tokio::select! {
+                () = tokio::time::sleep(wait.max(self.min_interval)) => {}
+                () = tx.closed() => return,
+            }
         }
     }
 

@@ -65,10 +65,12 @@ impl KubeWatch {
         let mut slices: BTreeMap<String, Vec<Member>> = BTreeMap::new();
         let mut relisting: Option<BTreeMap<String, Vec<Member>>> = None;
         let mut listed = false;
-        while let Some(event) = events.next().await {
-            if tx.is_closed() {
-                return;
-            }
+        loop {
+            let event = tokio::select! {
+                event = events.next() => event,
+                () = tx.closed() => return,
+            };
+            let Some(event) = event else { return };
             let changed = match event {
                 Ok(Event::Init) => {
                     SourceCounters::bump(&counters.relists);

@@ -121,6 +121,11 @@ impl MembershipTx {
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
     }
+
+    /// Resolves once nobody listens any more.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
 }
 
 /// Per-source counters, plain atomics so the metrics module can read them
