@@ -8,6 +8,7 @@ pub mod config;
 pub mod envoy_bounds;
 pub mod fail_open;
 pub mod listen;
+pub mod membership;
 pub mod metrics;
 pub mod observe;
 pub mod reload;
