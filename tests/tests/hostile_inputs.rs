@@ -71,17 +71,11 @@ fn an_empty_admin_token_refuses_to_start() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start fleetroute");
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("fleetroute started with an empty admin token");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let exited = wait_for_value(Duration::from_secs(10), || child.try_wait().unwrap());
+        let Some(status) = exited else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fleetroute started with an empty admin token");
         };
         let out = child.wait_with_output().unwrap();
         (status, String::from_utf8_lossy(&out.stderr).into_owned())
