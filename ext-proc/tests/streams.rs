@@ -543,3 +543,52 @@ async fn garbage_on_either_stream_ends_that_stream_only() {
         .expect("send");
     wait_until("the lease to end", || rig.held() == 0).await;
 }
+
+/// Captures the service's trace output.
+#[derive(Clone, Default)]
+struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("sink").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_routed_request_shows_its_decision_span_when_enabled() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new(
+            fleetroute::decision_trace::TARGET.to_string() + "=debug",
+        ))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        );
+    // The test's runtime runs the server's tasks on this thread.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rig = rig().await;
+    let tag = route_one(&rig, "traced").await;
+    let replica = RouteTag::decode(&tag).expect("tag").replica.to_string();
+    let out = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("UTF-8");
+    let line = out
+        .lines()
+        .find(|l| l.contains("decided"))
+        .unwrap_or_else(|| panic!("no decision traced: {out}"));
+    for want in [
+        "stage=\"chat\"".to_string(),
+        "policy=\"latency\"".to_string(),
+        "fleet=\"pool\"".to_string(),
+        format!("replica=\"{replica}\""),
+        "elapsed_us=".to_string(),
+    ] {
+        assert!(line.contains(&want), "{want} missing: {line}");
+    }
+}
