@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use fleetroute_tests::harness::client::{
     blocking_get, chat_body, chat_body_tokens, client, metric_sum, post,
 };
-use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
+use fleetroute_tests::harness::scenario::{
+    FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url, two_fleets_tolerant_health,
+};
 use fleetroute_tests::harness::{Binaries, Lab, LabSpec, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -155,10 +157,11 @@ fn keep_client_request_ids(bootstrap: &str) -> String {
 
 #[test]
 fn huge_request_ids_are_truncated_and_the_decision_log_is_bounded() {
+    let router = two_fleets_tolerant_health();
     let lab = Lab::start(
         ENGINE,
         LabSpec {
-            router: TWO_FLEETS,
+            router: &router,
             engine_args: FAST,
             envoy_edit: Some(keep_client_request_ids),
             ..Default::default()

@@ -6,7 +6,9 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
-use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
+use fleetroute_tests::harness::scenario::{
+    FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url, two_fleets_tolerant_health,
+};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -74,7 +76,7 @@ fn clients_cannot_choose_cluster_or_host() {
 
 #[test]
 fn bad_bodies_get_clear_answers() {
-    let lab = lab(TWO_FLEETS, false);
+    let lab = lab(&two_fleets_tolerant_health(), false);
     // Not JSON: still routed (default stage), the engine answers 400.
     let r = post(&url(&lab), "{not json", &[]);
     assert_eq!(r.status, 400, "{}", r.body);
