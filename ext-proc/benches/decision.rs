@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use criterion::Criterion;
 use fleetroute::config::RouterConfig;
+use fleetroute::decision_trace::DecisionSpan;
 use fleetroute::observe::Observation;
 use fleetroute::route::decide;
 use fleetroute::route::experiment::Arm;
@@ -194,6 +195,11 @@ fn rss_bytes() -> u64 {
 }
 
 fn main() {
+    // A subscriber at the default level: decision spans are off.
+    tracing_subscriber::fmt()
+        .with_env_filter("info")
+        .with_writer(std::io::sink)
+        .init();
     let mut c = Criterion::default()
         .configure_from_args()
         .measurement_time(Duration::from_secs(3));
@@ -214,6 +220,22 @@ fn main() {
             i = (i + 1) % probe.len();
             let snap = shared.snapshot();
             black_box(decide(&snap, &probe[i], i as u64).ok())
+        })
+    });
+    // The same with the decision span compiled in and disabled, as in a
+    // router running at the default log level.
+    c.bench_function("decide with span off/2x32 replicas, 64 blocks", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % probe.len();
+            let trace = DecisionSpan::start();
+            let _entered = trace.span().enter();
+            let snap = shared.snapshot();
+            let d = decide(&snap, &probe[i], i as u64);
+            if let Ok(d) = &d {
+                trace.routed(&snap, d);
+            }
+            black_box(d.ok())
         })
     });
     let no_prefix = key(&[], 42);

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod bootstrap;
 pub mod cli;
 pub mod config;
+pub mod decision_trace;
 pub mod envoy_bounds;
 pub mod fail_open;
 pub mod listen;

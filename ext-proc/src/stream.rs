@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 
+use crate::decision_trace::DecisionSpan;
 use crate::route::place::place;
 use crate::route::{key::RouteKey, mutation};
 use crate::state::Shared;
@@ -32,6 +33,8 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     let Some(map) = headers.headers.as_ref() else {
         return mutation::pass();
     };
+    let trace = DecisionSpan::start();
+    let _entered = trace.span().enter();
     let mut key = RouteKey::from_headers(map);
     let max_tokens = key.max_tokens;
     if key.key_source.is_none() && key.request_id.is_empty() {
@@ -39,6 +42,7 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     }
     match place(shared, key, fastrand::u64(..)) {
         Ok(p) => {
+            trace.routed(&p.snapshot, &p.decision);
             // The access log entry ends the lease by this nonce, which only
             // fleetroute writes (a client can send any x-request-id).
             let d = &p.decision;
@@ -50,7 +54,10 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
             shared.hold_load(p.nonce, p.guard, &input);
             mutation::route(&p.snapshot.topo, &p.decision, p.nonce)
         }
-        Err(reject) => mutation::reject(&reject),
+        Err(reject) => {
+            trace.rejected(&reject);
+            mutation::reject(&reject)
+        }
     }
 }
 

@@ -393,7 +393,7 @@ async fn dns_srv_records_give_targets_and_ports() {
 
 #[test]
 fn dns_watch_from_config_takes_the_port_from_srv() {
-    let src: membership::source_config::FleetSource = serde_yaml::from_str(
+    let src: membership::source_config::FleetSource = yaml_serde::from_str(
         "dns: { name: _llm._tcp.fleet.test., interval_s: 7, nameserver: '127.0.0.1:5353' }",
     )
     .unwrap();

@@ -10,8 +10,9 @@ use proxy_wasm::types::{Action, ContextType, LogLevel, MetricType};
 use crate::body::{Budget, Hold, read_in_pieces};
 use crate::config::FilterConfig;
 use crate::contract::{self, ParseStatus};
-use crate::extract::{extract, model, tenant};
-use crate::http::{LocalReply, check_size, is_reserved_header, wants_body};
+use crate::extract::extract;
+use crate::headers::{Counter, HeaderHost, Next, on_request_headers};
+use crate::http::{LocalReply, check_size};
 use crate::response::UsageScanner;
 
 proxy_wasm::main! {{
@@ -138,11 +139,6 @@ impl Request {
         Action::Pause
     }
 
-    fn header(&self, name: &str) -> Option<String> {
-        let v = self.get_http_request_header_bytes(name)?;
-        String::from_utf8(v).ok()
-    }
-
     /// Reads the whole buffered body once and writes the route headers.
     fn finish_body(&mut self) -> Action {
         if self.hold.is_none() {
@@ -173,6 +169,36 @@ impl Request {
     }
 }
 
+impl HeaderHost for Request {
+    fn header_names(&self) -> Vec<String> {
+        let headers = self.get_http_request_headers_bytes();
+        headers.into_iter().map(|(name, _)| name).collect()
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        let v = self.get_http_request_header_bytes(name)?;
+        String::from_utf8(v).ok()
+    }
+
+    fn set_header(&mut self, name: &str, value: Option<&str>) {
+        self.set_http_request_header(name, value);
+    }
+
+    fn send_reply(&mut self, reply: &LocalReply) {
+        let _ = self.reply(reply.clone());
+    }
+
+    fn count(&mut self, counter: Counter) {
+        let m = &self.shared.metrics;
+        m.inc(match counter {
+            Counter::ReservedStripped => m.reserved_stripped,
+            Counter::BadResidency => m.bad_residency,
+            Counter::PassedUntouched => m.passed_untouched,
+            Counter::TooLarge => m.too_large,
+        });
+    }
+}
+
 impl Context for Request {
     fn on_done(&mut self) -> bool {
         // The stream is over (reset included): give the budget back now.
@@ -184,45 +210,15 @@ impl Context for Request {
 impl HttpContext for Request {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
         let shared = self.shared.clone();
-        let (cfg, m) = (&shared.cfg, &shared.metrics);
-        for (name, _) in self.get_http_request_headers_bytes() {
-            if is_reserved_header(&name) {
-                self.set_http_request_header(&name, None);
-                m.inc(m.reserved_stripped);
+        match on_request_headers(self, &shared.cfg, end_of_stream) {
+            Next::Continue => Action::Continue,
+            // Envoy buffers the body while this filter pauses; it is read at its end.
+            Next::ReadBody => {
+                self.hold = Some(Hold::new(shared.budget.clone()));
+                Action::Pause
             }
+            Next::Replied => Action::Pause,
         }
-        if let Some(value) = cfg.residency_header.as_deref().and_then(|h| self.header(h)) {
-            match model::residency(&value) {
-                Ok(r) => self.set_http_request_header(contract::RESIDENCY, Some(&r)),
-                Err(why) => {
-                    m.inc(m.bad_residency);
-                    return self.reply(LocalReply::error(400, "invalid_residency", &why));
-                }
-            }
-        }
-        let tenant_value = cfg.tenant_header.as_deref().and_then(|h| self.header(h));
-        if let Some(t) = tenant::tenant(
-            tenant_value.as_deref(),
-            self.header("authorization").as_deref(),
-        ) {
-            self.set_http_request_header(contract::TENANT, Some(&t));
-        }
-        let method = self.header(":method").unwrap_or_default();
-        let path = self.header(":path").unwrap_or_default();
-        if end_of_stream || !wants_body(cfg, &method, &path) {
-            m.inc(m.passed_untouched);
-            return Action::Continue;
-        }
-        let declared = self
-            .header("content-length")
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        if let Err(r) = check_size(cfg, declared.unwrap_or(0)) {
-            m.inc(m.too_large);
-            return self.reply(r);
-        }
-        // Envoy buffers the body while this filter pauses; it is read at its end.
-        self.hold = Some(Hold::new(shared.budget.clone()));
-        Action::Pause
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {

@@ -1,6 +1,6 @@
 //! fleetroute's Envoy filter: reads an OpenAI-style request body once and writes
 //! the route headers ext-proc decides on. Everything but `host` is plain Rust,
-//! tested natively; `contract` is shared with ext-proc.
+//! tested natively (`headers` through a fake host); `contract` is shared with ext-proc.
 //!
 //! A panic or a failed allocation inside Envoy's Wasm VM traps and kills the VM
 //! for every request of the worker, so code outside tests may not panic: no
@@ -27,6 +27,7 @@ pub mod body;
 pub mod config;
 pub mod contract;
 pub mod extract;
+pub mod headers;
 pub mod http;
 pub mod response;
 

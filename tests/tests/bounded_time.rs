@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{chat_body, chat_body_tokens, post};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, TWO_FLEETS, chat_url as url};
-use fleetroute_tests::harness::{Lab, LabSpec};
+use fleetroute_tests::harness::{Lab, LabSpec, pace};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
@@ -137,7 +137,8 @@ fn slow_uploads_are_closed_within_the_bound() {
             assert_eq!(r.status, 200, "{}", r.body);
             served += 1;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        // The slow clients' own rhythm: each is polled and dribbles on time.
+        pace(Duration::from_millis(20));
     }
     for kind in [Slow::IdleBody, Slow::DribbleBody, Slow::DribbleHeaders] {
         let times: Vec<Duration> = clients

@@ -8,12 +8,11 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::process::Command;
-use std::thread;
 use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
 use fleetroute_tests::harness::procs::{Proc, free_port};
-use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value, wait_until};
+use fleetroute_tests::harness::{Lab, LabSpec, pace, wait_for_value, wait_until};
 use serde_json::Value;
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -353,7 +352,7 @@ fn every_dashboard_panel_has_data_in_prometheus() {
             send(&lab, i);
             i += 1;
         }
-        thread::sleep(Duration::from_millis(200));
+        pace(Duration::from_millis(200));
     }
 
     // The variables as Grafana resolves them.
@@ -388,7 +387,7 @@ fn every_dashboard_panel_has_data_in_prometheus() {
         }
         send(&lab, i);
         i += 1;
-        thread::sleep(Duration::from_millis(500));
+        pace(Duration::from_millis(500));
     }
     let failures: Vec<String> = pending
         .iter()

@@ -60,7 +60,7 @@ fn yaml_docs(text: &str, file: &str) -> Vec<Value> {
                 .any(|l| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         })
         .map(|d| {
-            serde_yaml::from_str::<Value>(&d).unwrap_or_else(|e| panic!("{file}: not YAML: {e}"))
+            yaml_serde::from_str::<Value>(&d).unwrap_or_else(|e| panic!("{file}: not YAML: {e}"))
         })
         .collect()
 }

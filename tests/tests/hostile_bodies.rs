@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
-use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
+use fleetroute_tests::harness::{Lab, LabSpec, pace, wait_for_value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
@@ -218,11 +218,15 @@ async fn held_upload(
     } else {
         Duration::from_secs(2)
     };
-    tokio::select! {
-        r = &mut reply => r.map_or_else(|| Outcome::Broken(format!("closed unanswered ({sent:?})")), Outcome::Answered),
-        _ = release.wait_for(|r| *r) => Outcome::Held,
-        () = tokio::time::sleep(wait) => Outcome::Broken(format!("no answer ({sent:?})")),
-    }
+    let settled = async {
+        tokio::select! {
+            r = &mut reply => r.map_or_else(|| Outcome::Broken(format!("closed unanswered ({sent:?})")), Outcome::Answered),
+            _ = release.wait_for(|r| *r) => Outcome::Held,
+        }
+    };
+    tokio::time::timeout(wait, settled)
+        .await
+        .unwrap_or_else(|_| Outcome::Broken(format!("no answer ({sent:?})")))
 }
 
 /// Samples Envoy's RSS every 100 ms until stopped; returns the peak.
@@ -230,7 +234,8 @@ fn watch_rss(lab: &Lab, stop: &AtomicBool) -> u64 {
     let mut peak = 0;
     while !stop.load(Ordering::SeqCst) {
         peak = peak.max(rss_mib(lab));
-        std::thread::sleep(Duration::from_millis(100));
+        // The sampling interval.
+        pace(Duration::from_millis(100));
     }
     peak.max(rss_mib(lab))
 }
@@ -255,19 +260,19 @@ fn attack(lab: &Lab, body: &Arc<Vec<u8>>, uploads: usize) -> (Vec<Outcome>, u64)
             .collect();
         // Every upload written (bounded)...
         let deadline = Instant::now() + Duration::from_secs(60);
-        while settled.load(Ordering::SeqCst) < uploads && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for_value(Duration::from_secs(60), || {
+            (settled.load(Ordering::SeqCst) >= uploads).then_some(())
+        });
         // ...and read by Envoy: refusals stop coming for a while (written
         // bytes may still sit in socket buffers on a busy machine).
         let mut last = (lab.envoy_stat(REFUSED), Instant::now());
-        while last.1.elapsed() < HOLD && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
+        wait_for_value(deadline.saturating_duration_since(Instant::now()), || {
             let now = lab.envoy_stat(REFUSED);
             if now != last.0 {
                 last = (now, Instant::now());
             }
-        }
+            (last.1.elapsed() >= HOLD).then_some(())
+        });
         release.send_replace(true);
         let outcomes = rt.block_on(async {
             let mut out = Vec::new();

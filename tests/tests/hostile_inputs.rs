@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use fleetroute_tests::harness::client::{
     blocking_get, chat_body, chat_body_tokens, client, metric_sum, post,
 };
-use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
+use fleetroute_tests::harness::scenario::{
+    FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url, two_fleets_tolerant_health,
+};
 use fleetroute_tests::harness::{Binaries, Lab, LabSpec, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -71,17 +73,11 @@ fn an_empty_admin_token_refuses_to_start() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("start fleetroute");
-        let start = Instant::now();
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break s;
-            }
-            if start.elapsed() > Duration::from_secs(10) {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("fleetroute started with an empty admin token");
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        let exited = wait_for_value(Duration::from_secs(10), || child.try_wait().unwrap());
+        let Some(status) = exited else {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("fleetroute started with an empty admin token");
         };
         let out = child.wait_with_output().unwrap();
         (status, String::from_utf8_lossy(&out.stderr).into_owned())
@@ -161,10 +157,11 @@ fn keep_client_request_ids(bootstrap: &str) -> String {
 
 #[test]
 fn huge_request_ids_are_truncated_and_the_decision_log_is_bounded() {
+    let router = two_fleets_tolerant_health();
     let lab = Lab::start(
         ENGINE,
         LabSpec {
-            router: TWO_FLEETS,
+            router: &router,
             engine_args: FAST,
             envoy_edit: Some(keep_client_request_ids),
             ..Default::default()

@@ -12,7 +12,7 @@ use fleetroute_tests::harness::client::{
     blocking_get, blocking_send, chat_body, chat_body_tokens, client, metric_sum, post,
 };
 use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, chat_url as url};
-use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
+use fleetroute_tests::harness::{Lab, LabSpec, pace, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 const TOKEN: &str = "s3cret-token";
@@ -186,10 +186,16 @@ fn a_drained_replica_finishes_its_streams_and_takes_no_new_ones() {
     let first = post(&url(&lab), chat_body("m1", Some(key), "warm", false), &[]);
     let host_name = first.served_by().to_string();
     let host = lab.replicas[&host_name].clone();
+    lab.wait_settled();
     let u = url(&lab);
     let stream =
         thread::spawn(move || post(&u, chat_body_tokens("m1", Some(key), "long", true, 60), &[]));
-    thread::sleep(Duration::from_millis(300));
+    // Decided (its load is held) before the drain starts.
+    wait_until(
+        "the long stream to be routed",
+        Duration::from_secs(20),
+        || lab.router_inflight() == Some(1),
+    );
     let (ok, out, err) = lab.cli(&["replica", "drain", &host], Some(TOKEN));
     assert!(ok, "{err}");
     assert!(out.contains("draining"), "{out}");
@@ -517,7 +523,19 @@ fn the_config_reloads_under_load_without_failing_a_request() {
         original.replace("policy: weighted", "policy: weigthed"),
     )
     .unwrap();
-    thread::sleep(Duration::from_millis(1500));
+    // The watcher read the file and refused it.
+    wait_until(
+        "the watcher to refuse the file",
+        Duration::from_secs(20),
+        || {
+            let metrics = blocking_get(&format!("{}/metrics", lab.admin)).unwrap().1;
+            metric_sum(
+                &metrics,
+                "fleetroute_config_reloads_total",
+                &["result=\"refused\""],
+            ) >= 1.0
+        },
+    );
     assert_eq!(generation(&lab), g1, "an invalid file was applied");
     let (status, body) = blocking_send("POST", &format!("{}/v1/reload", lab.admin), "").unwrap();
     assert_eq!(status, 401, "{body}");
@@ -539,7 +557,11 @@ fn the_config_reloads_under_load_without_failing_a_request() {
     let (ok, out, err) = lab.cli(&["reload"], Some(TOKEN));
     assert!(ok && out.contains("reloaded"), "{out}{err}");
     assert!(generation(&lab) > g2);
-    thread::sleep(Duration::from_millis(500));
+    // Requests keep flowing on the reloaded config.
+    let s0 = sent.load(Ordering::Relaxed);
+    wait_until("load after the reloads", Duration::from_secs(30), || {
+        sent.load(Ordering::Relaxed) >= (s0 + 40).max(120)
+    });
     stop.store(true, Ordering::Relaxed);
     for h in load {
         h.join().unwrap();
@@ -615,7 +637,8 @@ fn autoscaling_signals_grow_the_base_first_and_shrink_the_burst_first() {
                         .unwrap()
                         .push((d(0), d(1), v["fleets"][0]["saturated"] == true));
                 }
-                thread::sleep(Duration::from_millis(100));
+                // The sampling interval.
+                pace(Duration::from_millis(100));
             }
         })
     };
@@ -629,12 +652,23 @@ fn autoscaling_signals_grow_the_base_first_and_shrink_the_burst_first() {
                 thread::spawn(move || post(&u, body, &[]))
             })
             .collect();
-        thread::sleep(Duration::from_millis(600));
+        // The whole wave is in flight at once before it is awaited.
+        wait_until(
+            &format!("a wave of {wave}"),
+            Duration::from_secs(20),
+            || lab.router_inflight().is_some_and(|n| n >= wave as u64),
+        );
         for h in handles {
             assert_eq!(h.join().unwrap().status, 200);
         }
     }
-    thread::sleep(Duration::from_millis(800));
+    // Idle: the signal falls back and the sampler has seen it.
+    lab.wait_settled();
+    wait_until(
+        "the burst signal back to 0",
+        Duration::from_secs(20),
+        || samples.lock().unwrap().last().is_some_and(|s| s.1 == 0),
+    );
     done.store(true, Ordering::Relaxed);
     sampler.join().unwrap();
     let samples = samples.lock().unwrap().clone();

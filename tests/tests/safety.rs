@@ -5,9 +5,11 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use fleetroute_tests::harness::client::{chat_body, post};
-use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
-use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
+use fleetroute_tests::harness::client::{blocking_get, chat_body, post};
+use fleetroute_tests::harness::scenario::{
+    FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url, two_fleets_tolerant_health,
+};
+use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
@@ -74,7 +76,7 @@ fn clients_cannot_choose_cluster_or_host() {
 
 #[test]
 fn bad_bodies_get_clear_answers() {
-    let lab = lab(TWO_FLEETS, false);
+    let lab = lab(&two_fleets_tolerant_health(), false);
     // Not JSON: still routed (default stage), the engine answers 400.
     let r = post(&url(&lab), "{not json", &[]);
     assert_eq!(r.status, 400, "{}", r.body);
@@ -164,8 +166,16 @@ fn unhealthy_replicas_leave_and_come_back() {
     let lab = lab(TWO_FLEETS, false);
     assert!(served_set(&lab, 40, "before").contains("b1"));
     lab.fault("b1", r#"{"health_status": 503}"#);
-    // Two failed probes 200 ms apart, plus one interval of slack.
-    std::thread::sleep(Duration::from_millis(800));
+    // Two failed probes in a row take b1 out.
+    let b1 = lab.replicas["b1"].clone();
+    wait_until("b1 to be not ready", Duration::from_secs(20), || {
+        let (_, body) = blocking_get(&format!("{}/debug/snapshot", lab.admin)).expect("snapshot");
+        let snap: serde_json::Value = serde_json::from_str(&body).expect("snapshot JSON");
+        snap["fleets"][0]["replicas"].as_array().is_some_and(|all| {
+            all.iter()
+                .any(|r| r["addr"] == b1.as_str() && r["ready"] == false)
+        })
+    });
     let during = served_set(&lab, 60, "during");
     assert!(
         !during.contains("b1"),

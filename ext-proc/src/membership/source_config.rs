@@ -207,7 +207,7 @@ mod tests {
     use super::*;
 
     fn parse(yaml: &str) -> Result<FleetSource, String> {
-        serde_yaml::from_str(yaml).map_err(|e| e.to_string())
+        yaml_serde::from_str(yaml).map_err(|e| e.to_string())
     }
 
     fn errors(yaml: &str) -> Vec<String> {

@@ -4,11 +4,14 @@
 pub mod client;
 pub mod procs;
 pub mod scenario;
+pub mod time;
+
+pub use time::{pace, wait_for_value, wait_until};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use procs::{Proc, free_port};
 
@@ -96,17 +99,6 @@ fn placeholders(text: &str) -> Vec<String> {
         }
     }
     out
-}
-
-pub fn wait_until(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ok() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 fn http_ok(url: &str) -> bool {
@@ -372,18 +364,5 @@ impl Lab {
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0)
-    }
-}
-
-pub fn wait_for_value<T>(timeout: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return Some(v);
-        }
-        if start.elapsed() > timeout {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
     }
 }

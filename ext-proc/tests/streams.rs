@@ -1,0 +1,594 @@
+//! The routing stream (ext_proc) and the observing stream (access log) in
+//! process, served on a loopback port exactly as `serve` does. No Envoy: each
+//! test plays Envoy's side, including what a broken Envoy or anyone who can
+//! reach the port could send.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::data::accesslog::v3::{AccessLogCommon, HttpAccessLogEntry};
+use envoy_types::pb::envoy::service::accesslog::v3::StreamAccessLogsMessage;
+use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_client::AccessLogServiceClient;
+use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
+use envoy_types::pb::envoy::service::accesslog::v3::stream_access_logs_message::{
+    HttpAccessLogEntries, LogEntries,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
+use fleetroute::config::RouterConfig;
+use fleetroute::metrics::ResultLabel;
+use fleetroute::observe::access_log::LogService;
+use fleetroute::state::{Event, Shared, Writer};
+use fleetroute::stream::Service;
+use fleetroute_filter::contract::{self, RouteTag};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+
+const CONFIG: &str = r#"
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["127.0.0.1:1", "127.0.0.1:2"]
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [pool]
+"#;
+
+/// fleetroute's gRPC services over a snapshot with every replica ready. The
+/// writer is not run (it would probe the replicas): its events queue.
+struct Rig {
+    shared: Arc<Shared>,
+    _writer: Writer,
+    addr: SocketAddr,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Rig {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+async fn rig() -> Rig {
+    let cfg = RouterConfig::parse(CONFIG).expect("config");
+    let (shared, mut w) = Writer::new(&cfg);
+    let now = Instant::now();
+    for replica in 0..2 {
+        w.apply(
+            Event::Health {
+                generation: 1,
+                fleet: 0,
+                replica,
+                ok: true,
+            },
+            now,
+        );
+    }
+    w.drain(now);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let incoming = tonic::transport::server::TcpIncoming::from(listener);
+    let server = tokio::spawn({
+        let shared = shared.clone();
+        async move {
+            tonic::transport::Server::builder()
+                .add_service(ExternalProcessorServer::new(Service::new(shared.clone())))
+                .add_service(AccessLogServiceServer::new(LogService::new(shared)))
+                .serve_with_incoming(incoming)
+                .await
+                .expect("gRPC server");
+        }
+    });
+    Rig {
+        shared,
+        _writer: w,
+        addr,
+        server,
+    }
+}
+
+impl Rig {
+    async fn channel(&self) -> Channel {
+        Channel::from_shared(format!("http://{}", self.addr))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    fn held(&self) -> u64 {
+        self.shared.leases.run_pending();
+        self.shared.leases.held()
+    }
+
+    fn inflight(&self) -> u32 {
+        let snap = self.shared.snapshot();
+        snap.topo.fleets[0]
+            .replicas
+            .iter()
+            .map(|r| r.load.inflight())
+            .sum()
+    }
+
+    fn logged(&self, result: &str) -> u64 {
+        self.shared
+            .metrics
+            .access_log_entries
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .get()
+    }
+
+    /// Opens a routing stream: the sender plays Envoy's filter.
+    async fn routing(
+        &self,
+    ) -> (
+        mpsc::Sender<ProcessingRequest>,
+        tonic::Streaming<ProcessingResponse>,
+    ) {
+        let (tx, rx) = mpsc::channel(8);
+        let mut client = ExternalProcessorClient::new(self.channel().await);
+        let replies = client
+            .process(ReceiverStream::new(rx))
+            .await
+            .expect("process")
+            .into_inner();
+        (tx, replies)
+    }
+
+    /// Opens an access log stream; the task ends with the service's answer.
+    async fn logs(
+        &self,
+    ) -> (
+        mpsc::Sender<StreamAccessLogsMessage>,
+        tokio::task::JoinHandle<Result<(), tonic::Status>>,
+    ) {
+        let (tx, rx) = mpsc::channel(8);
+        let mut client = AccessLogServiceClient::new(self.channel().await);
+        let call = tokio::spawn(async move {
+            client
+                .stream_access_logs(ReceiverStream::new(rx))
+                .await
+                .map(|_| ())
+        });
+        (tx, call)
+    }
+}
+
+/// Polls `ok` until it holds, failing after a generous deadline.
+async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn next(replies: &mut tonic::Streaming<ProcessingResponse>) -> Option<ProcessingResponse> {
+    tokio::time::timeout(Duration::from_secs(10), replies.message())
+        .await
+        .expect("a reply or the stream's end in time")
+        .ok()
+        .flatten()
+}
+
+fn headers(pairs: &[(&str, &str)]) -> ProcessingRequest {
+    ProcessingRequest {
+        request: Some(Request::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: pairs
+                    .iter()
+                    .map(|(k, v)| HeaderValue {
+                        key: (*k).into(),
+                        raw_value: v.as_bytes().to_vec(),
+                        ..Default::default()
+                    })
+                    .collect(),
+            }),
+            end_of_stream: false,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+fn inference(id: &str) -> ProcessingRequest {
+    headers(&[
+        (":path", "/v1/chat/completions"),
+        ("x-request-id", id),
+        (contract::MODEL, "m1"),
+    ])
+}
+
+/// The route tag a routing reply carries in its dynamic metadata (what Envoy
+/// copies into the request's access log entry).
+fn route_tag(reply: &ProcessingResponse) -> Option<String> {
+    let meta = reply.dynamic_metadata.as_ref()?;
+    let Some(Kind::StructValue(ns)) = &meta.fields.get(contract::ROUTE_NAMESPACE)?.kind else {
+        return None;
+    };
+    let Some(Kind::StringValue(tag)) = &ns.fields.get(contract::ROUTE_KEY)?.kind else {
+        return None;
+    };
+    Some(tag.clone())
+}
+
+fn nonce(tag: &str) -> u64 {
+    RouteTag::decode(tag).expect("a route tag").nonce
+}
+
+/// An access log entry as Envoy writes it for a request carrying `tag`.
+fn entry(tag: Option<&str>) -> HttpAccessLogEntry {
+    let metadata = tag.map(|t| Metadata {
+        filter_metadata: [(
+            contract::ROUTE_NAMESPACE.to_string(),
+            Struct {
+                fields: [(
+                    contract::ROUTE_KEY.to_string(),
+                    Value {
+                        kind: Some(Kind::StringValue(t.to_string())),
+                    },
+                )]
+                .into(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    });
+    HttpAccessLogEntry {
+        common_properties: Some(AccessLogCommon {
+            metadata,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn batch(entries: Vec<HttpAccessLogEntry>) -> StreamAccessLogsMessage {
+    StreamAccessLogsMessage {
+        log_entries: Some(LogEntries::HttpLogs(HttpAccessLogEntries {
+            log_entry: entries,
+        })),
+        ..Default::default()
+    }
+}
+
+/// Routes one request on a fresh stream; returns its route tag.
+async fn route_one(rig: &Rig, id: &str) -> String {
+    let (tx, mut replies) = rig.routing().await;
+    tx.send(inference(id)).await.expect("send");
+    let reply = next(&mut replies).await.expect("a decision");
+    route_tag(&reply).expect("a routed reply carries its tag")
+}
+
+#[tokio::test]
+async fn a_decision_holds_load_until_its_log_entry_claims_the_nonce() {
+    let rig = rig().await;
+    let tag = route_one(&rig, "req-1").await;
+    assert_eq!((rig.held(), rig.inflight()), (1, 1));
+
+    let (logs, call) = rig.logs().await;
+    logs.send(batch(vec![entry(Some(&tag))]))
+        .await
+        .expect("send");
+    wait_until("the entry to end the lease", || rig.held() == 0).await;
+    assert_eq!((rig.inflight(), rig.logged("observed")), (0, 1));
+
+    // Envoy may log a request twice (retries of the log): the second entry
+    // finds no lease and releases nothing more.
+    logs.send(batch(vec![entry(Some(&tag))]))
+        .await
+        .expect("send");
+    wait_until("the repeat to count as late", || rig.logged("late") == 1).await;
+    assert_eq!(rig.inflight(), 0);
+    drop(logs);
+    call.await
+        .expect("task")
+        .expect("a closed log stream ends cleanly");
+}
+
+#[tokio::test]
+async fn a_nonce_fleetroute_did_not_issue_ends_nothing() {
+    let rig = rig().await;
+    let tag = route_one(&rig, "req-1").await;
+    let mut forged = RouteTag::decode(&tag).expect("tag");
+    forged.nonce = forged.nonce.wrapping_add(1);
+    let (logs, _call) = rig.logs().await;
+    logs.send(batch(vec![entry(Some(&forged.encode())), entry(None)]))
+        .await
+        .expect("send");
+    wait_until("both entries to be read", || {
+        rig.logged("late") == 1 && rig.logged("untagged") == 1
+    })
+    .await;
+    assert_eq!((rig.held(), rig.inflight()), (1, 1), "the real lease stays");
+}
+
+#[tokio::test]
+async fn a_routing_stream_reset_after_its_decision_keeps_the_load_until_logged() {
+    let rig = rig().await;
+    // Envoy resets the ext_proc stream once it has the headers reply; the
+    // request goes on upstream, so its load must stay counted.
+    let (tx, mut replies) = rig.routing().await;
+    tx.send(inference("req-1")).await.expect("send");
+    let first = route_tag(&next(&mut replies).await.expect("decision")).expect("tag");
+    drop(replies);
+    drop(tx);
+    // The service takes new streams afterwards.
+    let second = route_one(&rig, "req-2").await;
+    assert_ne!(nonce(&first), nonce(&second));
+    assert_eq!(rig.held(), 2);
+
+    let (logs, _call) = rig.logs().await;
+    logs.send(batch(vec![entry(Some(&first))]))
+        .await
+        .expect("send");
+    wait_until("the first lease to end", || rig.held() == 1).await;
+    logs.send(batch(vec![entry(Some(&second))]))
+        .await
+        .expect("send");
+    wait_until("the second lease to end", || rig.held() == 0).await;
+    assert_eq!(rig.inflight(), 0);
+}
+
+#[tokio::test]
+async fn a_log_stream_reset_mid_way_keeps_what_it_delivered() {
+    let rig = rig().await;
+    let tags = [
+        route_one(&rig, "a").await,
+        route_one(&rig, "b").await,
+        route_one(&rig, "c").await,
+    ];
+    let (logs, call) = rig.logs().await;
+    logs.send(batch(vec![entry(Some(&tags[0])), entry(Some(&tags[1]))]))
+        .await
+        .expect("send");
+    wait_until("the delivered entries to end their leases", || {
+        rig.held() == 1
+    })
+    .await;
+    // Envoy's worker goes away without closing the stream.
+    call.abort();
+    let _ = call.await;
+    drop(logs);
+    assert_eq!((rig.held(), rig.inflight()), (1, 1), "c was never logged");
+    // Envoy reconnects on a new stream.
+    let (logs, _call) = rig.logs().await;
+    logs.send(batch(vec![entry(Some(&tags[2]))]))
+        .await
+        .expect("send");
+    wait_until("c's lease to end", || rig.held() == 0).await;
+}
+
+#[tokio::test]
+async fn malformed_routing_messages_get_no_decision_and_the_stream_goes_on() {
+    let rig = rig().await;
+    let (tx, mut replies) = rig.routing().await;
+    // No request at all: nothing to answer.
+    tx.send(ProcessingRequest::default()).await.expect("send");
+    // Headers without a header map: let through.
+    tx.send(ProcessingRequest {
+        request: Some(Request::RequestHeaders(HttpHeaders::default())),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let reply = next(&mut replies).await.expect("a reply");
+    assert!(
+        matches!(&reply.response, Some(Response::RequestHeaders(h)) if h.response.as_ref().is_none_or(|c| c.header_mutation.is_none())),
+        "{reply:?}"
+    );
+    assert!(route_tag(&reply).is_none());
+    // The wrong phase: a body, where the routing filter asks for headers.
+    tx.send(ProcessingRequest {
+        request: Some(Request::RequestBody(HttpBody {
+            body: b"{\"model\": \"m1\"}".to_vec(),
+            end_of_stream: true,
+            ..Default::default()
+        })),
+        ..Default::default()
+    })
+    .await
+    .expect("send");
+    let reply = next(&mut replies).await.expect("a reply");
+    assert!(
+        matches!(reply.response, Some(Response::RequestBody(_))),
+        "{reply:?}"
+    );
+    // Headers that name no model fleetroute serves: a local error reply.
+    tx.send(headers(&[(contract::MODEL, "nope")]))
+        .await
+        .expect("send");
+    let reply = next(&mut replies).await.expect("a reply");
+    assert!(
+        matches!(&reply.response, Some(Response::ImmediateResponse(r)) if r.status.as_ref().is_some_and(|s| s.code >= 400)),
+        "{reply:?}"
+    );
+    assert_eq!(rig.held(), 0, "nothing was routed");
+    // Internal headers with garbage values are read as absent, not trusted.
+    tx.send(headers(&[
+        (contract::MODEL, "m1"),
+        (contract::KEY, "not-a-key"),
+        (contract::BLOCKS, "\u{0}\u{1}garbage"),
+        (contract::PROMPT_TOKENS, "-5"),
+    ]))
+    .await
+    .expect("send");
+    let reply = next(&mut replies).await.expect("a reply");
+    assert!(route_tag(&reply).is_some(), "{reply:?}");
+    assert_eq!(rig.held(), 1);
+}
+
+#[tokio::test]
+async fn an_observing_stream_ends_with_its_response() {
+    let rig = rig().await;
+    let (tx, mut replies) = rig.routing().await;
+    let observed = |request| ProcessingRequest {
+        request: Some(request),
+        observability_mode: true,
+        ..Default::default()
+    };
+    tx.send(observed(Request::ResponseHeaders(HttpHeaders::default())))
+        .await
+        .expect("send");
+    tx.send(observed(Request::ResponseBody(HttpBody {
+        end_of_stream: true,
+        ..Default::default()
+    })))
+    .await
+    .expect("send");
+    // No reply in observability mode; the service ends the call itself
+    // although the client keeps its side open.
+    assert!(next(&mut replies).await.is_none());
+    drop(tx);
+    assert_eq!(rig.held(), 0);
+}
+
+/// Sends raw bytes as gRPC messages on `path`.
+mod raw {
+    use prost::bytes::{Buf, BufMut, Bytes};
+    use tonic::Status;
+    use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+
+    #[derive(Default)]
+    pub struct RawCodec;
+    pub struct RawEncoder;
+    pub struct RawDecoder;
+
+    impl Codec for RawCodec {
+        type Encode = Bytes;
+        type Decode = Bytes;
+        type Encoder = RawEncoder;
+        type Decoder = RawDecoder;
+        fn encoder(&mut self) -> RawEncoder {
+            RawEncoder
+        }
+        fn decoder(&mut self) -> RawDecoder {
+            RawDecoder
+        }
+    }
+
+    impl Encoder for RawEncoder {
+        type Item = Bytes;
+        type Error = Status;
+        fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+            dst.put(item);
+            Ok(())
+        }
+    }
+
+    impl Decoder for RawDecoder {
+        type Item = Bytes;
+        type Error = Status;
+        fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+            Ok(Some(src.copy_to_bytes(src.remaining())))
+        }
+    }
+}
+
+/// Garbage on `path`: the call must end (error or not), in time.
+async fn garbage(rig: &Rig, path: &'static str) {
+    let mut grpc = tonic::client::Grpc::new(rig.channel().await);
+    grpc.ready().await.expect("ready");
+    // Field 1 as a length-delimited field longer than the message: not protobuf.
+    let junk = prost::bytes::Bytes::from_static(&[0x0a, 0xff, 0xff, 0xff, 0x0f, 0x00, 0xde, 0xad]);
+    let outbound = tokio_stream::iter(vec![junk.clone(), junk]);
+    let call = grpc.streaming(
+        tonic::Request::new(outbound),
+        tonic::codegen::http::uri::PathAndQuery::from_static(path),
+        raw::RawCodec,
+    );
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        match call.await {
+            Err(_) => {}
+            Ok(r) => {
+                let mut s = r.into_inner();
+                while let Ok(Some(_)) = s.message().await {}
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "garbage on {path} held the call open");
+}
+
+#[tokio::test]
+async fn garbage_on_either_stream_ends_that_stream_only() {
+    let rig = rig().await;
+    garbage(&rig, "/envoy.service.ext_proc.v3.ExternalProcessor/Process").await;
+    garbage(
+        &rig,
+        "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs",
+    )
+    .await;
+    assert_eq!((rig.held(), rig.logged("observed")), (0, 0));
+    // Both services still answer.
+    let tag = route_one(&rig, "after").await;
+    let (logs, _call) = rig.logs().await;
+    logs.send(batch(vec![entry(Some(&tag))]))
+        .await
+        .expect("send");
+    wait_until("the lease to end", || rig.held() == 0).await;
+}
+
+/// Captures the service's trace output.
+#[derive(Clone, Default)]
+struct Sink(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("sink").extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_routed_request_shows_its_decision_span_when_enabled() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let sink = Sink::default();
+    let writer = sink.clone();
+    let subscriber = tracing_subscriber::registry()
+        .with(tracing_subscriber::EnvFilter::new(
+            fleetroute::decision_trace::TARGET.to_string() + "=debug",
+        ))
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(move || writer.clone()),
+        );
+    // The test's runtime runs the server's tasks on this thread.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let rig = rig().await;
+    let tag = route_one(&rig, "traced").await;
+    let replica = RouteTag::decode(&tag).expect("tag").replica.to_string();
+    let out = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("UTF-8");
+    let line = out
+        .lines()
+        .find(|l| l.contains("decided"))
+        .unwrap_or_else(|| panic!("no decision traced: {out}"));
+    for want in [
+        "stage=\"chat\"".to_string(),
+        "policy=\"latency\"".to_string(),
+        "fleet=\"pool\"".to_string(),
+        format!("replica=\"{replica}\""),
+        "elapsed_us=".to_string(),
+    ] {
+        assert!(line.contains(&want), "{want} missing: {line}");
+    }
+}
