@@ -12,7 +12,9 @@ use crate::config::{
     OutlierConfig, PolicyKind, ReplicaChoiceConfig, RouterConfig, RoutingConfig, ScalingConfig,
     WarmupConfig,
 };
-use crate::state::load::ReplicaLoad;
+pub mod load;
+
+use load::ReplicaLoad;
 
 #[derive(Debug)]
 pub struct Topology {
@@ -75,6 +77,33 @@ pub struct Experiment {
     pub ab: Option<(usize, Vec<(usize, f64)>)>,
     /// Shadow fleet and the percentage of requests mirrored to it.
     pub shadow: Option<(usize, f64)>,
+}
+
+/// The A/B arm a request landed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// No test, or the policy chose a fleet outside it.
+    None,
+    Control,
+    Variant,
+}
+
+impl Arm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arm::None => "none",
+            Arm::Control => "control",
+            Arm::Variant => "variant",
+        }
+    }
+
+    pub fn parse(s: &str) -> Arm {
+        match s {
+            "control" => Arm::Control,
+            "variant" => Arm::Variant,
+            _ => Arm::None,
+        }
+    }
 }
 
 /// A stage's policy with its fleets resolved to `Topology::fleets` indices.

@@ -7,9 +7,9 @@ use fleetroute_filter::contract::split_regions;
 use super::Reject;
 use super::key::RouteKey;
 use super::rendezvous::unit;
-use super::saturation;
 use crate::state::Snapshot;
 use crate::state::prefix_index::Matches;
+use crate::state::saturation;
 use crate::topology::Stage;
 
 #[derive(Debug)]

@@ -15,32 +15,7 @@ use crate::topology::Stage;
 const AB_SEED: u64 = 0xab_7e57;
 const SHADOW_SEED: u64 = 0x5_4ad0;
 
-/// The A/B arm a request landed in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arm {
-    /// No test, or the policy chose a fleet outside it.
-    None,
-    Control,
-    Variant,
-}
-
-impl Arm {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Arm::None => "none",
-            Arm::Control => "control",
-            Arm::Variant => "variant",
-        }
-    }
-
-    pub fn parse(s: &str) -> Arm {
-        match s {
-            "control" => Arm::Control,
-            "variant" => Arm::Variant,
-            _ => Arm::None,
-        }
-    }
-}
+pub use crate::topology::Arm;
 
 /// Re-samples a choice of the control fleet. `chosen` indexes
 /// `candidates.fleets`; a variant without a ready replica keeps the request

@@ -5,21 +5,7 @@ use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute_filter::contract::{self, KeySource};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Longest client `x-request-id` fleetroute keeps (bytes): anything longer is
-/// cut before it is stored, hashed or logged.
-pub const MAX_REQUEST_ID: usize = 128;
-
-/// `id` cut to at most [`MAX_REQUEST_ID`] bytes, on a character boundary.
-pub fn truncate_id(id: &str) -> &str {
-    if id.len() <= MAX_REQUEST_ID {
-        return id;
-    }
-    let mut end = MAX_REQUEST_ID;
-    while !id.is_char_boundary(end) {
-        end -= 1;
-    }
-    &id[..end]
-}
+pub use crate::state::decision_log::{MAX_REQUEST_ID, truncate_id};
 
 /// Most blocks ext-proc reads from one request.
 pub use fleetroute_filter::contract::MAX_BLOCKS;

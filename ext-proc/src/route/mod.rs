@@ -10,7 +10,6 @@ pub mod mutation;
 pub mod place;
 pub mod rendezvous;
 pub mod replica;
-pub mod saturation;
 pub mod stage;
 
 use crate::state::Snapshot;

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::key::RouteKey;
 use super::{Decision, Reject, decide};
-use crate::state::load::RequestGuard;
 use crate::state::{Event, Routed, Shared, Snapshot};
+use crate::topology::load::RequestGuard;
 
 pub struct Placed {
     pub snapshot: Arc<Snapshot>,

@@ -16,9 +16,9 @@ use moka::sync::Cache;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use super::load::{ReplicaLoad, RequestGuard};
 use crate::config::LeaseConfig;
 use crate::metrics::ResultLabel;
+use crate::topology::load::{ReplicaLoad, RequestGuard};
 
 /// Most leases held at once; beyond it the oldest are released early.
 const MAX_LEASES: u64 = 1 << 20;

@@ -1,6 +1,28 @@
-//! Router state. One task (the writer) owns every change and publishes
-//! immutable snapshots; the decision path reads the current snapshot and the
-//! per-replica atomics, and never waits on the writer.
+//! Router state. One task, the writer (`writer`), owns the models of health,
+//! warmup, ejection, figures, saturation, the prefix index, autoscaling and
+//! the failed-conversation map, and publishes immutable snapshots of them;
+//! the decision path reads the current snapshot and never waits on it.
+//!
+//! Shared state outside the writer's models, all of it here, and why:
+//! - `topology::load::ReplicaLoad` (atomics per replica): requests in flight
+//!   and prefill queued are counted by the request path when it places a
+//!   request (`RequestGuard`) and uncounted when the guard is released (the
+//!   access log observer ending its lease, a lease expiring, or the scraper
+//!   reconciling with the engine); the engine's own queue and KV-cache
+//!   figures are stored by the scraper (`scrape`). They change per request,
+//!   faster than a snapshot could be republished, and the decision reads them
+//!   live.
+//! - `lease::Leases` (a bounded concurrent cache of guards, by decision
+//!   nonce): filled by the request path, emptied by the observer, by expiry
+//!   (run on the writer's tick) and by the scraper's reconciliation.
+//! - The readers' halves of the prefix index and the failed-conversation map
+//!   (lock-free maps): only the writer changes them; the decision reads them.
+//! - The snapshot pointer (`ArcSwap`): only the writer stores it.
+//! - The decision log (a mutex): only the writer appends; the admin API reads.
+//! - `metrics::Metrics` (counters): each task counts its own events.
+//!
+//! Nothing else is shared: every other change goes to the writer as an
+//! `Event` and is applied in its order.
 
 pub mod accounting;
 pub mod autoscale;
@@ -10,13 +32,21 @@ pub mod failed_keys;
 pub mod figures;
 pub mod health;
 pub mod lease;
-pub mod load;
+mod migrate;
+mod model;
+pub mod observation;
 pub mod outlier;
 pub mod prefix_index;
-mod report;
+mod recorder;
+pub mod saturation;
 pub mod scrape;
+mod snapshot;
+pub mod usage;
 pub mod warmup;
 mod writer;
+
+/// The per-replica load counters live with the topology they count for.
+pub use crate::topology::load;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,20 +55,20 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::topology::load::RequestGuard;
 pub use changes::Change;
 use decision_log::DecisionLog;
 pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
 use health::Health;
 use lease::{LeaseInput, Leases};
-use load::RequestGuard;
 use prefix_index::PrefixIndex;
 pub use writer::Writer;
 
 use crate::config::RouterConfig;
 use crate::metrics::Metrics;
-use crate::observe::Observation;
 use crate::topology::Topology;
+pub use observation::Observation;
 
 /// What the decision path reads for one request.
 #[derive(Debug)]

@@ -10,10 +10,10 @@ use crate::route::key::RouteKey;
 use crate::route::{Reject, decide};
 use crate::state::figures::FleetFigures;
 use crate::state::health::Health;
-use crate::state::load::RequestGuard;
 use crate::state::prefix_index::PrefixIndex;
 use crate::state::{FleetState, ReplicaState, Snapshot};
 use crate::topology::Topology;
+use crate::topology::load::RequestGuard;
 
 const POLICIES: [&str; 4] = ["priority", "weighted", "latency", "cost"];
 
@@ -142,7 +142,7 @@ fn ready_fleets(snap: &Snapshot, region: Option<&str>) -> Vec<usize> {
 fn saturated(snap: &Snapshot, f: usize) -> bool {
     let ready: Vec<usize> = (0..3).filter(|&r| snap.replicas[f][r].ready()).collect();
     snap.fleets[f].spilling
-        || crate::route::saturation::utilisation(&snap.topo.fleets[f], ready) >= 1.0
+        || crate::state::saturation::utilisation(&snap.topo.fleets[f], ready) >= 1.0
 }
 
 proptest! {

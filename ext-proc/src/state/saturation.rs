@@ -42,3 +42,19 @@ pub fn spilling(fleet: &Fleet, ready: &[usize], was: bool, resume_below: f64) ->
     let u = utilisation(fleet, ready.iter().copied());
     if was { u > resume_below } else { u >= 1.0 }
 }
+
+/// A fleet's saturation as the writer keeps it between ticks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Saturation {
+    pub spilling: bool,
+    pub utilisation: f64,
+}
+
+impl Saturation {
+    /// Re-evaluates over the ready replicas; the new state when it flipped.
+    pub fn tick(&mut self, fleet: &Fleet, ready: &[usize], resume_below: f64) -> Option<bool> {
+        self.utilisation = utilisation(fleet, ready.iter().copied());
+        let spilling = spilling(fleet, ready, self.spilling, resume_below);
+        (spilling != std::mem::replace(&mut self.spilling, spilling)).then_some(spilling)
+    }
+}
