@@ -153,6 +153,7 @@ fn remember_failures(w: &mut Writer, cfg: &RouterConfig, n: u64) {
                 stream: false,
                 ended_early: false,
                 key: Some(k),
+                decided: None,
             })),
             now,
         );

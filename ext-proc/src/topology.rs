@@ -22,6 +22,7 @@ pub struct Topology {
     pub stages: Vec<Stage>,
     pub by_model: HashMap<String, usize>,
     pub by_stage_name: HashMap<String, usize>,
+    pub by_fleet_name: HashMap<String, usize>,
     pub default_stage: Option<usize>,
     pub health_check: HealthCheckConfig,
     pub engine_metrics: EngineMetricsConfig,
@@ -36,6 +37,8 @@ pub struct Fleet {
     pub seed: u64,
     pub region: String,
     pub replicas: Vec<Replica>,
+    /// Replica index by address.
+    pub by_addr: HashMap<String, usize>,
     pub capacity: CapacityConfig,
     pub cost: Option<CostConfig>,
     pub hosts: Option<Bounds>,
@@ -154,6 +157,12 @@ impl Topology {
                         load: loads(&f.name, a),
                     })
                     .collect(),
+                by_addr: f
+                    .endpoints
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (a.clone(), i))
+                    .collect(),
                 capacity: f.capacity.clone(),
                 cost: f.cost.clone(),
                 hosts: f.hosts,
@@ -234,8 +243,14 @@ impl Topology {
             .enumerate()
             .map(|(i, s)| (s.name.clone(), i))
             .collect();
+        let by_fleet_name = fleets
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.clone(), i))
+            .collect();
         Topology {
             default_stage: cfg.default_stage.as_ref().map(|d| by_stage_name[d]),
+            by_fleet_name,
             fleets,
             stages,
             by_model,
@@ -247,7 +262,7 @@ impl Topology {
     }
 
     pub fn fleet_index(&self, name: &str) -> Option<usize> {
-        self.fleets.iter().position(|f| f.name == name)
+        self.by_fleet_name.get(name).copied()
     }
 
     /// Stages a fleet serves.
@@ -266,6 +281,12 @@ impl Topology {
     }
 }
 
+impl Fleet {
+    pub fn replica_index(&self, addr: &str) -> Option<usize> {
+        self.by_addr.get(addr).copied()
+    }
+}
+
 impl Topology {
     /// No fleets, no stages: the state before the first config.
     pub fn empty() -> Topology {
@@ -274,6 +295,7 @@ impl Topology {
             stages: Vec::new(),
             by_model: HashMap::new(),
             by_stage_name: HashMap::new(),
+            by_fleet_name: HashMap::new(),
             default_stage: None,
             health_check: HealthCheckConfig::default(),
             engine_metrics: EngineMetricsConfig::default(),

@@ -75,8 +75,8 @@ pub fn candidates(
     // Replicas that failed this conversation before (only real sampling
     // keys: a request-id hash never comes back).
     let avoid = key
-        .key_source
-        .and_then(|_| snap.failed_keys.avoid(key.key, topo.generation));
+        .conversation()
+        .and_then(|k| snap.failed_keys.avoid(k, topo.generation));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
     let mut matches: Matches = [0; 64];
     for &f in &stage.fleets {
@@ -206,6 +206,7 @@ mod tests {
                     stream: true,
                     ended_early: early,
                     key: Some(k),
+                    decided: None,
                 })),
                 now,
             );

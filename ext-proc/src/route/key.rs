@@ -76,6 +76,22 @@ impl<'a> RouteKey<'a> {
         }
         k
     }
+
+    /// A request with neither a sampling key nor an id would all hash to
+    /// one key (and one replica): give it `rng` instead, so such requests
+    /// spread. With [`RouteKey::from_headers`] this is the whole fallback.
+    pub fn spread_anonymous(&mut self, rng: u64) {
+        if self.key_source.is_none() && self.request_id.is_empty() {
+            self.key = rng;
+        }
+    }
+
+    /// The conversation's own key, when the client brought one: a fallback
+    /// key (an id's hash, or random) never comes back, so it stands for no
+    /// conversation (no failed-conversation lookup, not logged as a key).
+    pub fn conversation(&self) -> Option<u64> {
+        self.key_source.map(|_| self.key)
+    }
 }
 
 #[cfg(test)]

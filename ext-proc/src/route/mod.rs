@@ -135,6 +135,6 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         queued_tokens: choice.queued_tokens,
         arm,
         shadow: experiment::shadow(stage, snap, key),
-        sampling_key: key.key_source.map(|_| key.key),
+        sampling_key: key.conversation(),
     })
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::key::RouteKey;
 use super::{Decision, Reject, decide};
-use crate::state::{Event, Routed, Shared, Snapshot};
+use crate::state::{Decided, Event, Routed, Shared, Snapshot};
 use crate::topology::load::RequestGuard;
 
 pub struct Placed {
@@ -17,6 +17,18 @@ pub struct Placed {
     pub nonce: u64,
     /// The request's share of the replica's load, until released.
     pub guard: RequestGuard,
+}
+
+impl Placed {
+    /// The decision's ids, to keep under its nonce with its load.
+    pub fn decided(&self) -> Decided {
+        Decided {
+            generation: self.snapshot.topo.generation,
+            stage: self.decision.stage,
+            fleet: self.decision.fleet,
+            replica: self.decision.replicas[0],
+        }
+    }
 }
 
 pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Reject> {

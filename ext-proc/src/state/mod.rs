@@ -132,6 +132,18 @@ pub struct StageFleetFigures {
     pub hit_rate_engine: Option<f64>,
 }
 
+/// A decision's ids, kept with its load under its nonce (`lease`) until the
+/// access log reports the request's end: the observation finds the stage,
+/// fleet and replica it concerns by that nonce, not by their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decided {
+    /// The topology generation the ids belong to.
+    pub generation: u64,
+    pub stage: usize,
+    pub fleet: usize,
+    pub replica: usize,
+}
+
 /// A decision, as the writer learns it.
 #[derive(Clone, Debug)]
 pub struct Routed {
@@ -239,9 +251,10 @@ impl Shared {
     }
 
     /// Holds a decision's load under a lease (see `lease`).
-    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, input: &LeaseInput) {
+    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, decided: Decided, input: &LeaseInput) {
         let snap = self.snapshot.load();
-        self.leases.hold(nonce, guard, &snap.config.leases, input);
+        self.leases
+            .hold(nonce, guard, decided, &snap.config.leases, input);
     }
 
     pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::Decided;
 use super::usage::Usage;
 use crate::topology::Arm;
 
@@ -28,6 +29,9 @@ pub struct Observation {
     pub ended_early: bool,
     /// The request's sampling key, when it had one.
     pub key: Option<u64>,
+    /// The decision's ids, found by its nonce while its lease was held;
+    /// `None` for an entry that came after its lease ended.
+    pub decided: Option<Decided>,
 }
 
 impl Observation {

@@ -193,16 +193,31 @@ impl Writer {
             self.accounting
                 .observed(&o.stage, &o.fleet, u.prompt_tokens, c);
         }
-        let Some(f) = self.topo.fleet_index(&o.fleet) else {
+        // By the decision's nonce; by name only for an entry that came after
+        // its lease ended.
+        let topo = &self.topo;
+        let routed = match o.decided {
+            Some(d) if d.generation == topo.generation => Some((d.fleet, d.replica)),
+            Some(_) => None,
+            None => topo
+                .fleet_index(&o.fleet)
+                .and_then(|f| Some((f, topo.fleets.get(f)?.replica_index(&o.replica)?))),
+        };
+        let Some((f, routed)) = routed else {
             return;
         };
-        let addr = o.served_by.as_deref().unwrap_or(&o.replica);
-        let Some(r) = self.topo.fleets[f]
-            .replicas
-            .iter()
-            .position(|x| x.addr == addr)
-        else {
+        let Some(fleet) = topo.fleets.get(f) else {
             return;
+        };
+        // A retry may have landed on another host of the fleet.
+        let (r, as_routed) = match o.served_by.as_deref() {
+            Some(addr) if fleet.replicas.get(routed).is_none_or(|x| x.addr != addr) => {
+                let Some(r) = fleet.replica_index(addr) else {
+                    return;
+                };
+                (r, false)
+            }
+            _ => (routed, true),
         };
         if !o.succeeded()
             && o.counts_against_replica()
@@ -212,7 +227,7 @@ impl Writer {
             self.failed_keys
                 .record(now, key, self.topo.generation, f, r);
         }
-        self.fleets[f].outcome(r, o, addr == o.replica, now);
+        self.fleets[f].outcome(r, o, as_routed, now);
     }
 
     /// Periodic work: saturation (with hysteresis), figures, outliers,
@@ -268,4 +283,65 @@ fn failover(topo: &Topology, ready: &[Vec<usize>], f: usize) -> bool {
                 .iter()
                 .any(|&g| g != f && ready.get(g).is_some_and(|v| !v.is_empty()))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::state::Decided;
+    use crate::topology::Arm;
+
+    fn failure(key: u64, fleet: &str, replica: &str, decided: Option<Decided>) -> Event {
+        Event::Observed(Box::new(Observation {
+            stage: "s".into(),
+            fleet: fleet.into(),
+            replica: replica.into(),
+            served_by: None,
+            status: Some(503),
+            time_to_first_byte: None,
+            total: Duration::from_millis(1),
+            usage: None,
+            predicted_cached_tokens: 0,
+            uncached_tokens: 0,
+            queued_tokens: 0,
+            arm: Arm::None,
+            stream: false,
+            ended_early: false,
+            key: Some(key),
+            decided,
+        }))
+    }
+
+    #[test]
+    fn an_observation_resolves_by_its_decision_not_by_names() {
+        let cfg = RouterConfig::parse(
+            "fleets:\n  - { name: a, region: us, endpoints: [\"10.0.0.1:1\"] }\n  \
+             - { name: b, region: us, endpoints: [\"10.0.1.1:1\", \"10.0.1.2:1\"] }\n\
+             stages: [{ name: s, models: [m], fleets: [a, b] }]\n",
+        )
+        .unwrap();
+        let (shared, mut w) = Writer::new(&cfg);
+        let now = Instant::now();
+        let decided = |generation, replica| Decided {
+            generation,
+            stage: 0,
+            fleet: 1,
+            replica,
+        };
+        // The names say fleet a; the decision (found by nonce) says b's second.
+        w.apply(failure(7, "a", "10.0.0.1:1", Some(decided(1, 1))), now);
+        // No decision (its lease had ended): the names decide.
+        w.apply(failure(8, "b", "10.0.1.1:1", None), now);
+        // A decision of another topology generation is not applied.
+        w.apply(failure(9, "b", "10.0.1.1:1", Some(decided(0, 1))), now);
+        w.tick(now);
+        let keys = shared.snapshot().failed_keys.clone();
+        let a7 = keys.avoid(7, 1).expect("key 7 remembered");
+        assert_eq!((a7.fleet, a7.mask), (1, 0b10));
+        let a8 = keys.avoid(8, 1).expect("key 8 remembered");
+        assert_eq!((a8.fleet, a8.mask), (1, 0b01));
+        assert!(keys.avoid(9, 1).is_none());
+    }
 }

@@ -174,6 +174,7 @@ impl SimRouter for Fleetroute {
             stream: true,
             ended_early: false,
             key: None,
+            decided: None,
         };
         self.shared.emit(Event::Observed(Box::new(obs)));
         let t = self.at(now);
