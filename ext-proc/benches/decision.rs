@@ -17,6 +17,7 @@ use fleetroute::route::experiment::Arm;
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::rendezvous::{score, unit};
 use fleetroute::state::{Event, Routed, Shared, Writer};
+use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 use std::sync::Arc;
 
@@ -48,8 +49,8 @@ fn ready(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
             w.apply(
                 Event::Health {
                     generation: 1,
-                    fleet: f,
-                    replica: r,
+                    fleet: FleetId(f),
+                    replica: ReplicaId(r),
                     ok: true,
                 },
                 now,
@@ -114,7 +115,7 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
                 request_id: String::new(),
                 stage: d.stage,
                 fleet: d.fleet,
-                replica: d.replicas[0],
+                replica: *d.replicas.head(),
                 key_source: "content",
                 arm: "none",
                 shadow: None,

@@ -267,7 +267,7 @@ pub fn stage_view(snap: &Snapshot, s: usize) -> StageView {
             .fleets
             .iter()
             .enumerate()
-            .map(|(i, &f)| fleet_view(snap, f, Some((s, i))))
+            .map(|(i, &f)| fleet_view(snap, f.index(), Some((s, i))))
             .collect(),
     }
 }
@@ -296,7 +296,7 @@ struct StageQuery {
 async fn stage(State(s): State<AdminState>, Query(q): Query<StageQuery>) -> Response {
     let snap = s.shared.snapshot();
     match snap.topo.by_stage_name.get(&q.name) {
-        Some(&i) => Json(stage_view(&snap, i)).into_response(),
+        Some(&i) => Json(stage_view(&snap, i.index())).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no stage '{}'", q.name)),
     }
 }

@@ -10,7 +10,7 @@ use super::eligible::Candidates;
 use super::key::RouteKey;
 use super::rendezvous::unit;
 use crate::state::Snapshot;
-use crate::topology::Stage;
+use crate::topology::{FleetId, Stage};
 
 const AB_SEED: u64 = 0xab_7e57;
 const SHADOW_SEED: u64 = 0x5_4ad0;
@@ -44,7 +44,7 @@ pub fn ab(stage: &Stage, candidates: &Candidates, chosen: usize, key: u64) -> (u
 /// The shadow fleet this request is mirrored to, if it is sampled, the
 /// shadow fleet has a ready replica, and its region is inside the request's
 /// residency (the stage's residency is checked when the config is loaded).
-pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<usize> {
+pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<FleetId> {
     let (fleet, percent) = stage.experiment.shadow?;
     let sampled = unit(key.key, SHADOW_SEED) * 100.0 < percent;
     let region = &snap.topo.fleets[fleet].region;

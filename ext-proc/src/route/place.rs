@@ -26,7 +26,7 @@ impl Placed {
             generation: self.snapshot.topo.generation,
             stage: self.decision.stage,
             fleet: self.decision.fleet,
-            replica: self.decision.replicas[0],
+            replica: *self.decision.replicas.head(),
         }
     }
 }
@@ -44,7 +44,7 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
         }
     };
     let topo = &snapshot.topo;
-    let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
+    let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
     let guard = replica.load.start(decision.uncached_tokens);
     let nonce = fastrand::u64(..);
     shared.emit(Event::Routed(Box::new(Routed {
@@ -53,7 +53,7 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
         request_id: key.request_id.to_string(),
         stage: decision.stage,
         fleet: decision.fleet,
-        replica: decision.replicas[0],
+        replica: *decision.replicas.head(),
         key_source: key.key_source.map_or("none", |s| s.as_str()),
         arm: decision.arm.as_str(),
         shadow: decision.shadow,

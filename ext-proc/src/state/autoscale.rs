@@ -17,7 +17,7 @@
 //! (config validation ensures the fleets' minimums fit in it).
 
 use super::model::FleetModel;
-use crate::topology::{Policy, Topology};
+use crate::topology::{Policy, ReplicaId, Topology};
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Signal {
@@ -90,7 +90,7 @@ pub fn allocate(fleets: &[Signal], priority: bool, stage_min: u32, stage_max: u3
 
 /// Desired replicas per fleet, from each stage that uses it (the largest).
 /// `ready[f]` is fleet `f`'s ready replicas at this tick.
-pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<usize>]) {
+pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<ReplicaId>]) {
     let signals: Vec<Signal> = topo
         .fleets
         .iter()

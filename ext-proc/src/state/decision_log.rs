@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 
 use super::Routed;
-use crate::topology::Topology;
+use crate::topology::{FleetId, Topology};
 
 /// Longest client `x-request-id` fleetroute keeps (bytes): anything longer is
 /// cut before it is stored, hashed or logged.
@@ -54,20 +54,20 @@ pub struct DecisionRecord {
 impl DecisionRecord {
     /// A decision with its ids named.
     pub(super) fn of(topo: &Topology, r: Routed) -> DecisionRecord {
-        let name = |f: usize| topo.fleets.get(f).map(|x| x.name.clone());
+        let name = |f: FleetId| topo.fleets.get(f.index()).map(|x| x.name.clone());
         DecisionRecord {
             decision_id: format!("{:016x}", r.decision_id),
             request_id: r.request_id,
             stage: topo
                 .stages
-                .get(r.stage)
+                .get(r.stage.index())
                 .map(|s| s.name.clone())
                 .unwrap_or_default(),
             fleet: name(r.fleet).unwrap_or_default(),
             replica: topo
                 .fleets
-                .get(r.fleet)
-                .and_then(|f| f.replicas.get(r.replica))
+                .get(r.fleet.index())
+                .and_then(|f| f.replicas.get(r.replica.index()))
                 .map(|x| x.addr.clone())
                 .unwrap_or_default(),
             key_source: r.key_source,

@@ -211,12 +211,13 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::{FleetId, ReplicaId, StageId};
 
     const DECIDED: Decided = Decided {
         generation: 1,
-        stage: 0,
-        fleet: 0,
-        replica: 0,
+        stage: StageId(0),
+        fleet: FleetId(0),
+        replica: ReplicaId(0),
     };
 
     fn cfg() -> LeaseConfig {

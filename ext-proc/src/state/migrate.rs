@@ -10,8 +10,8 @@ use super::model::{FleetModel, ReplicaModel};
 use super::recorder;
 use super::writer::Writer;
 use crate::config::RouterConfig;
-use crate::topology::Topology;
 use crate::topology::load::ReplicaLoad;
+use crate::topology::{ById, FleetId, Topology};
 
 /// The live counters of each replica, by fleet name and address, so a
 /// replica that survives a reload keeps its in-flight count.
@@ -91,6 +91,7 @@ pub(super) fn fleet_models(
 ) -> Vec<FleetModel> {
     let mut out = Vec::with_capacity(topo.fleets.len());
     for (f, fleet) in topo.fleets.iter().enumerate() {
+        let f = FleetId(f);
         let warmup = topo.stages_of(f).any(|s| s.warmup.is_some());
         let prev = old_topo.fleet_index(&fleet.name);
         let unchanged = prev.is_some_and(|p| {
@@ -103,7 +104,7 @@ pub(super) fn fleet_models(
         });
         if unchanged
             && let Some(p) = prev
-            && p < old.len()
+            && p.index() < old.len()
         {
             out.push(std::mem::replace(&mut old[p], FleetModel::new(0, 1)));
             continue;
@@ -115,7 +116,7 @@ pub(super) fn fleet_models(
                     .replicas
                     .iter()
                     .position(|x| x.addr == rep.addr)?;
-                old.get_mut(p)
+                old.by_id_mut(p)
                     .and_then(|fm| fm.replicas.get_mut(oi))
                     .map(std::mem::take)
             });

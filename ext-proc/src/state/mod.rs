@@ -67,7 +67,7 @@ pub use writer::Writer;
 
 use crate::config::RouterConfig;
 use crate::metrics::Metrics;
-use crate::topology::Topology;
+use crate::topology::{FleetId, ReplicaId, StageId, Topology};
 pub use observation::Observation;
 
 /// What the decision path reads for one request.
@@ -139,9 +139,9 @@ pub struct StageFleetFigures {
 pub struct Decided {
     /// The topology generation the ids belong to.
     pub generation: u64,
-    pub stage: usize,
-    pub fleet: usize,
-    pub replica: usize,
+    pub stage: StageId,
+    pub fleet: FleetId,
+    pub replica: ReplicaId,
 }
 
 /// A decision, as the writer learns it.
@@ -152,12 +152,12 @@ pub struct Routed {
     pub decision_id: u64,
     /// The client's `x-request-id`, already truncated (`route::key`).
     pub request_id: String,
-    pub stage: usize,
-    pub fleet: usize,
-    pub replica: usize,
+    pub stage: StageId,
+    pub fleet: FleetId,
+    pub replica: ReplicaId,
     pub key_source: &'static str,
     pub arm: &'static str,
-    pub shadow: Option<usize>,
+    pub shadow: Option<FleetId>,
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
     pub prompt_tokens: u64,
@@ -168,14 +168,14 @@ pub struct Routed {
 pub enum Event {
     Health {
         generation: u64,
-        fleet: usize,
-        replica: usize,
+        fleet: FleetId,
+        replica: ReplicaId,
         ok: bool,
     },
     Warmup {
         generation: u64,
-        fleet: usize,
-        replica: usize,
+        fleet: FleetId,
+        replica: ReplicaId,
         ok: bool,
     },
     Routed(Box<Routed>),

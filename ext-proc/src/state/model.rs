@@ -14,7 +14,7 @@ use super::prefix_index::IndexWriter;
 use super::saturation::Saturation;
 use super::{ReplicaState, Routed};
 use crate::config::{HealthCheckConfig, OutlierConfig};
-use crate::topology::{Fleet, Topology};
+use crate::topology::{ById, Fleet, FleetId, ReplicaId, Topology};
 
 /// The writer's model of one replica.
 #[derive(Debug, Default)]
@@ -72,12 +72,12 @@ impl FleetModel {
     pub(super) fn health(
         &mut self,
         fleet: &Fleet,
-        r: usize,
+        r: ReplicaId,
         ok: bool,
         cfg: &HealthCheckConfig,
         warmup: bool,
     ) -> bool {
-        let Some(m) = self.replicas.get_mut(r) else {
+        let Some(m) = self.replicas.by_id_mut(r) else {
             return false;
         };
         let Some(now) = m.health.record(ok, cfg) else {
@@ -93,8 +93,8 @@ impl FleetModel {
     }
 
     /// One warmup run; true when the replica joined the rotation.
-    pub(super) fn warmup(&mut self, fleet: &Fleet, r: usize, ok: bool) -> bool {
-        let Some(m) = self.replicas.get_mut(r) else {
+    pub(super) fn warmup(&mut self, fleet: &Fleet, r: ReplicaId, ok: bool) -> bool {
+        let Some(m) = self.replicas.by_id_mut(r) else {
             return false;
         };
         if ok && !m.warm {
@@ -111,7 +111,7 @@ impl FleetModel {
 
     /// One finished request served by replica `r`; `as_routed` when that is
     /// the replica the decision chose (not a retry's host).
-    pub(super) fn outcome(&mut self, r: usize, o: &Observation, as_routed: bool, now: Instant) {
+    pub(super) fn outcome(&mut self, r: ReplicaId, o: &Observation, as_routed: bool, now: Instant) {
         let ok = o.succeeded();
         let cached = o.usage.and_then(|u| u.cached_tokens());
         // Time to first token is the prefill queued ahead plus this prompt's
@@ -130,7 +130,7 @@ impl FleetModel {
         self.window.record(now, ok, ttft_ms, work, tokens);
         if o.counts_against_replica() {
             let out = o.usage.map_or(0, |u| u.completion_tokens);
-            if let Some(m) = self.replicas.get_mut(r) {
+            if let Some(m) = self.replicas.by_id_mut(r) {
                 m.outlier
                     .record(now, ok, ttft_ms, work, o.total.as_secs_f64() * 1000.0, out);
             }
@@ -143,8 +143,8 @@ impl FleetModel {
     }
 
     /// Replicas in rotation now.
-    pub(super) fn ready(&self, now: Instant) -> Vec<usize> {
-        (0..self.replicas.len())
+    pub(super) fn ready(&self, now: Instant) -> Vec<ReplicaId> {
+        ReplicaId::all(self.replicas.len())
             .filter(|&r| self.replicas[r].state(now).ready())
             .collect()
     }
@@ -155,8 +155,8 @@ impl FleetModel {
     pub(super) fn tick(
         &mut self,
         topo: &Topology,
-        f: usize,
-        ready: &[usize],
+        f: FleetId,
+        ready: &[ReplicaId],
         failover: bool,
         now: Instant,
     ) {
@@ -180,7 +180,7 @@ impl FleetModel {
             fleet.cost.as_ref(),
         );
         // Ejections end by time.
-        for (r, m) in self.replicas.iter_mut().enumerate() {
+        for (r, m) in ReplicaId::all(self.replicas.len()).zip(self.replicas.iter_mut()) {
             let ejected = m.outlier.is_ejected(now);
             if m.ejected && !ejected {
                 tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");

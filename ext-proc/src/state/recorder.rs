@@ -12,11 +12,12 @@ use crate::metrics::{
     FleetLabel, HitRate, Metrics, Outcome, Rejected, Replica, ReplicaStates, StageFleet,
     StageFleetArm, Tokens,
 };
-use crate::topology::Topology;
+use crate::topology::{ById, Topology};
 
 /// A decision: its request, shadow and predicted-cache counters.
 pub(super) fn routed(m: &Metrics, topo: &Topology, r: &Routed) {
-    let (Some(stage), Some(fleet)) = (topo.stages.get(r.stage), topo.fleets.get(r.fleet)) else {
+    let (Some(stage), Some(fleet)) = (topo.stages.by_id(r.stage), topo.fleets.by_id(r.fleet))
+    else {
         return;
     };
     m.requests
@@ -26,7 +27,7 @@ pub(super) fn routed(m: &Metrics, topo: &Topology, r: &Routed) {
             arm: r.arm.to_string(),
         })
         .inc();
-    if let Some(s) = r.shadow.and_then(|s| topo.fleets.get(s)) {
+    if let Some(s) = r.shadow.and_then(|s| topo.fleets.by_id(s)) {
         m.shadowed
             .get_or_create(&StageFleet {
                 stage: stage.name.clone(),

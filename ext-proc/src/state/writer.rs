@@ -21,7 +21,7 @@ use super::observation::Observation;
 use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
 use crate::config::RouterConfig;
 use crate::metrics::Metrics;
-use crate::topology::Topology;
+use crate::topology::{ById, FleetId, ReplicaId, Topology};
 
 /// Owns all the writer's models; the only publisher of snapshots.
 pub struct Writer {
@@ -119,7 +119,7 @@ impl Writer {
             } => {
                 if generation == self.topo.generation
                     && let (Some(fl), Some(fm)) =
-                        (self.topo.fleets.get(fleet), self.fleets.get_mut(fleet))
+                        (self.topo.fleets.by_id(fleet), self.fleets.by_id_mut(fleet))
                 {
                     let warmup = self.topo.stages_of(fleet).any(|s| s.warmup.is_some());
                     let cfg = &self.topo.health_check;
@@ -134,7 +134,7 @@ impl Writer {
             } => {
                 if generation == self.topo.generation
                     && let (Some(fl), Some(fm)) =
-                        (self.topo.fleets.get(fleet), self.fleets.get_mut(fleet))
+                        (self.topo.fleets.by_id(fleet), self.fleets.by_id_mut(fleet))
                 {
                     self.dirty |= fm.warmup(fl, replica, ok);
                 }
@@ -161,11 +161,11 @@ impl Writer {
         if r.generation != self.topo.generation {
             return;
         }
-        if let Some(f) = self.fleets.get_mut(r.fleet) {
+        if let Some(f) = self.fleets.by_id_mut(r.fleet) {
             f.routed(&r);
         }
         let topo = &self.topo;
-        let (Some(stage), Some(fleet)) = (topo.stages.get(r.stage), topo.fleets.get(r.fleet))
+        let (Some(stage), Some(fleet)) = (topo.stages.by_id(r.stage), topo.fleets.by_id(r.fleet))
         else {
             return;
         };
@@ -201,17 +201,17 @@ impl Writer {
             Some(_) => None,
             None => topo
                 .fleet_index(&o.fleet)
-                .and_then(|f| Some((f, topo.fleets.get(f)?.replica_index(&o.replica)?))),
+                .and_then(|f| Some((f, topo.fleets.by_id(f)?.replica_index(&o.replica)?))),
         };
         let Some((f, routed)) = routed else {
             return;
         };
-        let Some(fleet) = topo.fleets.get(f) else {
+        let Some(fleet) = topo.fleets.by_id(f) else {
             return;
         };
         // A retry may have landed on another host of the fleet.
         let (r, as_routed) = match o.served_by.as_deref() {
-            Some(addr) if fleet.replicas.get(routed).is_none_or(|x| x.addr != addr) => {
+            Some(addr) if fleet.replicas.by_id(routed).is_none_or(|x| x.addr != addr) => {
                 let Some(r) = fleet.replica_index(addr) else {
                     return;
                 };
@@ -233,8 +233,9 @@ impl Writer {
     /// Periodic work: saturation (with hysteresis), figures, outliers,
     /// autoscaling signals, metrics. Reads the models, not the snapshot.
     pub fn tick(&mut self, now: Instant) {
-        let ready: Vec<Vec<usize>> = self.fleets.iter().map(|fm| fm.ready(now)).collect();
+        let ready: Vec<Vec<ReplicaId>> = self.fleets.iter().map(|fm| fm.ready(now)).collect();
         for (f, fm) in self.fleets.iter_mut().enumerate() {
+            let f = FleetId(f);
             fm.tick(
                 &self.topo,
                 f,
@@ -275,13 +276,13 @@ impl Writer {
 
 /// Whether every stage of fleet `f` has another fleet with a ready replica,
 /// to take its traffic if its last replica is ejected.
-fn failover(topo: &Topology, ready: &[Vec<usize>], f: usize) -> bool {
+fn failover(topo: &Topology, ready: &[Vec<ReplicaId>], f: FleetId) -> bool {
     let mut stages = topo.stages_of(f).peekable();
     stages.peek().is_some()
         && stages.all(|s| {
             s.fleets
                 .iter()
-                .any(|&g| g != f && ready.get(g).is_some_and(|v| !v.is_empty()))
+                .any(|&g| g != f && ready.by_id(g).is_some_and(|v| !v.is_empty()))
         })
 }
 
@@ -291,7 +292,7 @@ mod tests {
 
     use super::*;
     use crate::state::Decided;
-    use crate::topology::Arm;
+    use crate::topology::{Arm, StageId};
 
     fn failure(key: u64, fleet: &str, replica: &str, decided: Option<Decided>) -> Event {
         Event::Observed(Box::new(Observation {
@@ -326,9 +327,9 @@ mod tests {
         let now = Instant::now();
         let decided = |generation, replica| Decided {
             generation,
-            stage: 0,
-            fleet: 1,
-            replica,
+            stage: StageId(0),
+            fleet: FleetId(1),
+            replica: ReplicaId(replica),
         };
         // The names say fleet a; the decision (found by nonce) says b's second.
         w.apply(failure(7, "a", "10.0.0.1:1", Some(decided(1, 1))), now);
@@ -339,9 +340,9 @@ mod tests {
         w.tick(now);
         let keys = shared.snapshot().failed_keys.clone();
         let a7 = keys.avoid(7, 1).expect("key 7 remembered");
-        assert_eq!((a7.fleet, a7.mask), (1, 0b10));
+        assert_eq!((a7.fleet, a7.mask), (FleetId(1), 0b10));
         let a8 = keys.avoid(8, 1).expect("key 8 remembered");
-        assert_eq!((a8.fleet, a8.mask), (1, 0b01));
+        assert_eq!((a8.fleet, a8.mask), (FleetId(1), 0b01));
         assert!(keys.avoid(9, 1).is_none());
     }
 }
