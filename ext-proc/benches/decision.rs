@@ -18,6 +18,7 @@ use fleetroute::route::experiment::Arm;
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::rendezvous::{score, unit};
 use fleetroute::state::{Event, Routed, Shared, Writer};
+use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 use std::sync::Arc;
 
@@ -49,8 +50,8 @@ fn ready(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
             w.apply(
                 Event::Health {
                     generation: 1,
-                    fleet: f,
-                    replica: r,
+                    fleet: FleetId(f),
+                    replica: ReplicaId(r),
                     ok: true,
                 },
                 now,
@@ -115,7 +116,7 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
                 request_id: String::new(),
                 stage: d.stage,
                 fleet: d.fleet,
-                replica: d.replicas[0],
+                replica: *d.replicas.head(),
                 key_source: "content",
                 arm: "none",
                 shadow: None,
@@ -154,6 +155,7 @@ fn remember_failures(w: &mut Writer, cfg: &RouterConfig, n: u64) {
                 stream: false,
                 ended_early: false,
                 key: Some(k),
+                decided: None,
             })),
             now,
         );

@@ -37,9 +37,7 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     let _entered = trace.span().enter();
     let mut key = RouteKey::from_headers(map);
     let max_tokens = key.max_tokens;
-    if key.key_source.is_none() && key.request_id.is_empty() {
-        key.key = fastrand::u64(..);
-    }
+    key.spread_anonymous(fastrand::u64(..));
     match place(shared, key, fastrand::u64(..)) {
         Ok(p) => {
             trace.routed(&p.snapshot, &p.decision);
@@ -51,7 +49,8 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
                 max_tokens,
                 prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
             };
-            shared.hold_load(p.nonce, p.guard, &input);
+            let decided = p.decided();
+            shared.hold_load(p.nonce, p.guard, decided, &input);
             mutation::route(&p.snapshot.topo, &p.decision, p.nonce)
         }
         Err(reject) => {

@@ -12,15 +12,21 @@ use crate::config::{
     OutlierConfig, PolicyKind, ReplicaChoiceConfig, RouterConfig, RoutingConfig, ScalingConfig,
     WarmupConfig,
 };
-use crate::state::load::ReplicaLoad;
+pub mod ids;
+pub mod load;
+
+pub use ids::{ById, Candidate, FleetId, NonEmpty, ReplicaId, StageId};
+
+use load::ReplicaLoad;
 
 #[derive(Debug)]
 pub struct Topology {
     pub fleets: Vec<Fleet>,
     pub stages: Vec<Stage>,
-    pub by_model: HashMap<String, usize>,
-    pub by_stage_name: HashMap<String, usize>,
-    pub default_stage: Option<usize>,
+    pub by_model: HashMap<String, StageId>,
+    pub by_stage_name: HashMap<String, StageId>,
+    pub by_fleet_name: HashMap<String, FleetId>,
+    pub default_stage: Option<StageId>,
     pub health_check: HealthCheckConfig,
     pub engine_metrics: EngineMetricsConfig,
     /// Bumped on every rebuild, so events about an older topology are dropped.
@@ -34,6 +40,8 @@ pub struct Fleet {
     pub seed: u64,
     pub region: String,
     pub replicas: Vec<Replica>,
+    /// Replica index by address.
+    pub by_addr: HashMap<String, ReplicaId>,
     pub capacity: CapacityConfig,
     pub cost: Option<CostConfig>,
     pub hosts: Option<Bounds>,
@@ -53,8 +61,8 @@ pub struct Replica {
 #[derive(Debug)]
 pub struct Stage {
     pub name: String,
-    /// Indices into `Topology::fleets`, in the stage's listed order.
-    pub fleets: Vec<usize>,
+    /// The stage's fleets, in its listed order.
+    pub fleets: Vec<FleetId>,
     /// Sorted regions the stage may use.
     pub residency: Vec<String>,
     pub replicas: Option<Bounds>,
@@ -72,18 +80,45 @@ pub struct Stage {
 #[derive(Clone, Debug, Default)]
 pub struct Experiment {
     /// Control fleet, and variants with their percentages.
-    pub ab: Option<(usize, Vec<(usize, f64)>)>,
+    pub ab: Option<(FleetId, Vec<(FleetId, f64)>)>,
     /// Shadow fleet and the percentage of requests mirrored to it.
-    pub shadow: Option<(usize, f64)>,
+    pub shadow: Option<(FleetId, f64)>,
+}
+
+/// The A/B arm a request landed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arm {
+    /// No test, or the policy chose a fleet outside it.
+    None,
+    Control,
+    Variant,
+}
+
+impl Arm {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arm::None => "none",
+            Arm::Control => "control",
+            Arm::Variant => "variant",
+        }
+    }
+
+    pub fn parse(s: &str) -> Arm {
+        match s {
+            "control" => Arm::Control,
+            "variant" => Arm::Variant,
+            _ => Arm::None,
+        }
+    }
 }
 
 /// A stage's policy with its fleets resolved to `Topology::fleets` indices.
 #[derive(Clone, Debug)]
 pub enum Policy {
     Priority {
-        order: Vec<usize>,
+        order: Vec<FleetId>,
     },
-    /// Weight per fleet index (same length as `Topology::fleets`; 0 = not in the split).
+    /// Weight per fleet (indexed by `FleetId`; 0 = not in the split).
     Weighted {
         weights: Vec<f64>,
     },
@@ -103,11 +138,11 @@ impl Topology {
         generation: u64,
         mut loads: impl FnMut(&str, &str) -> Arc<ReplicaLoad>,
     ) -> Topology {
-        let fleet_idx: HashMap<&str, usize> = cfg
+        let fleet_idx: HashMap<&str, FleetId> = cfg
             .fleets
             .iter()
             .enumerate()
-            .map(|(i, f)| (f.name.as_str(), i))
+            .map(|(i, f)| (f.name.as_str(), FleetId(i)))
             .collect();
         let fleets = cfg
             .fleets
@@ -125,6 +160,12 @@ impl Topology {
                         load: loads(&f.name, a),
                     })
                     .collect(),
+                by_addr: f
+                    .endpoints
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| (a.clone(), ReplicaId(i)))
+                    .collect(),
                 capacity: f.capacity.clone(),
                 cost: f.cost.clone(),
                 hosts: f.hosts,
@@ -135,10 +176,13 @@ impl Topology {
             .stages
             .iter()
             .map(|s| {
-                let idx: Vec<usize> = s.fleets.iter().map(|n| fleet_idx[n.as_str()]).collect();
+                let idx: Vec<FleetId> = s.fleets.iter().map(|n| fleet_idx[n.as_str()]).collect();
                 let mut residency = match &s.residency {
                     Some(r) => r.to_vec(),
-                    None => idx.iter().map(|&i| fleets[i].region.clone()).collect(),
+                    None => idx
+                        .iter()
+                        .map(|&i| fleets[i.index()].region.clone())
+                        .collect(),
                 };
                 residency.sort();
                 residency.dedup();
@@ -153,7 +197,7 @@ impl Topology {
                     PolicyKind::Weighted => {
                         let mut weights = vec![0.0; fleets.len()];
                         for &i in &idx {
-                            weights[i] = r.weight(&fleets[i].name);
+                            weights[i] = r.weight(&fleets[i.index()].name);
                         }
                         Policy::Weighted { weights }
                     }
@@ -193,16 +237,22 @@ impl Topology {
         let mut by_model = HashMap::new();
         for (i, s) in cfg.stages.iter().enumerate() {
             for m in &s.models {
-                by_model.insert(m.clone(), i);
+                by_model.insert(m.clone(), StageId(i));
             }
         }
-        let by_stage_name: HashMap<String, usize> = stages
+        let by_stage_name: HashMap<String, StageId> = stages
             .iter()
             .enumerate()
-            .map(|(i, s)| (s.name.clone(), i))
+            .map(|(i, s)| (s.name.clone(), StageId(i)))
+            .collect();
+        let by_fleet_name = fleets
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.clone(), FleetId(i)))
             .collect();
         Topology {
             default_stage: cfg.default_stage.as_ref().map(|d| by_stage_name[d]),
+            by_fleet_name,
             fleets,
             stages,
             by_model,
@@ -213,12 +263,12 @@ impl Topology {
         }
     }
 
-    pub fn fleet_index(&self, name: &str) -> Option<usize> {
-        self.fleets.iter().position(|f| f.name == name)
+    pub fn fleet_index(&self, name: &str) -> Option<FleetId> {
+        self.by_fleet_name.get(name).copied()
     }
 
     /// Stages a fleet serves.
-    pub fn stages_of(&self, fleet: usize) -> impl Iterator<Item = &Stage> {
+    pub fn stages_of(&self, fleet: FleetId) -> impl Iterator<Item = &Stage> {
         self.stages
             .iter()
             .filter(move |s| s.fleets.contains(&fleet))
@@ -226,10 +276,16 @@ impl Topology {
 
     /// The outlier settings that apply to a fleet: those of the first stage
     /// that uses it with ejection enabled (fleets are usually in one stage).
-    pub fn outlier_for(&self, fleet: usize) -> Option<&OutlierConfig> {
+    pub fn outlier_for(&self, fleet: FleetId) -> Option<&OutlierConfig> {
         self.stages_of(fleet)
             .map(|s| &s.outlier)
             .find(|o| o.enabled)
+    }
+}
+
+impl Fleet {
+    pub fn replica_index(&self, addr: &str) -> Option<ReplicaId> {
+        self.by_addr.get(addr).copied()
     }
 }
 
@@ -241,6 +297,7 @@ impl Topology {
             stages: Vec::new(),
             by_model: HashMap::new(),
             by_stage_name: HashMap::new(),
+            by_fleet_name: HashMap::new(),
             default_stage: None,
             health_check: HealthCheckConfig::default(),
             engine_metrics: EngineMetricsConfig::default(),

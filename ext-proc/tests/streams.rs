@@ -28,6 +28,7 @@ use fleetroute::metrics::ResultLabel;
 use fleetroute::observe::access_log::LogService;
 use fleetroute::state::{Event, Shared, Writer};
 use fleetroute::stream::Service;
+use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::{self, RouteTag};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -67,8 +68,8 @@ async fn rig() -> Rig {
         w.apply(
             Event::Health {
                 generation: 1,
-                fleet: 0,
-                replica,
+                fleet: FleetId(0),
+                replica: ReplicaId(replica),
                 ok: true,
             },
             now,

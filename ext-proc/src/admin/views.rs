@@ -90,14 +90,14 @@ pub fn stage_view(snap: &Snapshot, s: usize) -> StageView {
             .fleets
             .iter()
             .enumerate()
-            .map(|(i, &f)| fleet_view(snap, f, Some((s, i))))
+            .map(|(i, &f)| fleet_view(snap, f.index(), Some((s, i))))
             .collect(),
     }
 }
 
 pub fn stage_by_name(snap: &Snapshot, name: &str) -> Option<StageView> {
     let &s = snap.topo.by_stage_name.get(name)?;
-    Some(stage_view(snap, s))
+    Some(stage_view(snap, s.index()))
 }
 
 pub fn stage_views(snap: &Snapshot) -> Vec<StageView> {

@@ -63,8 +63,9 @@ impl AccessLogService for LogService {
 pub fn observe(shared: &Shared, entry: &HttpAccessLogEntry) {
     let result = match read_entry(entry) {
         None => "untagged",
-        Some((nonce, obs)) => {
-            let ended = shared.leases.end(nonce).is_some();
+        Some((nonce, mut obs)) => {
+            obs.decided = shared.leases.end(nonce).map(|l| l.decided);
+            let ended = obs.decided.is_some();
             shared.emit(Event::Observed(Box::new(obs)));
             if ended { "observed" } else { "late" }
         }
@@ -148,6 +149,7 @@ pub fn read_entry(entry: &HttpAccessLogEntry) -> Option<(u64, Observation)> {
         // would let any client eject a replica by hanging up.
         ended_early: ok_status && !client_left && (reset || (stream && !done)),
         key: Some(tag.key).filter(|&k| k != 0),
+        decided: None,
     };
     Some((tag.nonce, obs))
 }

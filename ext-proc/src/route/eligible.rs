@@ -7,10 +7,10 @@ use fleetroute_filter::contract::split_regions;
 use super::Reject;
 use super::key::RouteKey;
 use super::rendezvous::unit;
-use super::saturation;
 use crate::state::Snapshot;
 use crate::state::prefix_index::Matches;
-use crate::topology::Stage;
+use crate::state::saturation;
+use crate::topology::{FleetId, NonEmpty, ReplicaId, Stage};
 
 #[derive(Debug)]
 pub struct Candidates {
@@ -20,9 +20,8 @@ pub struct Candidates {
 
 #[derive(Debug)]
 pub struct CandidateFleet {
-    /// Index into `Topology::fleets`.
-    pub fleet: usize,
-    pub ready: Vec<ReadyReplica>,
+    pub fleet: FleetId,
+    pub ready: NonEmpty<ReadyReplica>,
     /// The highest rendezvous unit among `ready`, for weighted choices.
     pub best_unit: f64,
     /// The longest cached prefix any ready replica holds, in blocks.
@@ -35,8 +34,7 @@ pub struct CandidateFleet {
 
 #[derive(Clone, Copy, Debug)]
 pub struct ReadyReplica {
-    /// Index into the fleet's replicas.
-    pub replica: usize,
+    pub replica: ReplicaId,
     /// This request key's rendezvous unit for the replica.
     pub unit: f64,
     /// Leading prompt blocks the replica is predicted to hold.
@@ -75,8 +73,8 @@ pub fn candidates(
     // Replicas that failed this conversation before (only real sampling
     // keys: a request-id hash never comes back).
     let avoid = key
-        .key_source
-        .and_then(|_| snap.failed_keys.avoid(key.key, topo.generation));
+        .conversation()
+        .and_then(|k| snap.failed_keys.avoid(k, topo.generation));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
     let mut matches: Matches = [0; 64];
     for &f in &stage.fleets {
@@ -95,13 +93,13 @@ pub fn candidates(
             .enumerate()
             .filter(|(r, _)| snap.replicas[f][*r].ready())
             .map(|(r, rep)| ReadyReplica {
-                replica: r,
+                replica: ReplicaId(r),
                 unit: unit(key.key, rep.seed),
                 matched: if depth == 0 { 0 } else { matches[r] },
             })
             .collect();
         if let Some(a) = avoid.filter(|a| a.fleet == f) {
-            let failed = |r: &ReadyReplica| a.mask & (1 << r.replica) != 0;
+            let failed = |r: &ReadyReplica| a.mask & (1 << r.replica.index()) != 0;
             // Skip them while another ready replica remains.
             if ready.iter().any(|r| !failed(r)) {
                 ready.retain(|r| !failed(r));
@@ -109,7 +107,7 @@ pub fn candidates(
         }
         let best_unit = ready.iter().map(|r| r.unit).fold(0.0f64, f64::max);
         let best_match = ready.iter().map(|r| r.matched).max().unwrap_or(0);
-        if !ready.is_empty() {
+        if let Some(ready) = NonEmpty::new(ready) {
             let utilisation = saturation::utilisation(fleet, ready.iter().map(|r| r.replica));
             let min_queued = ready
                 .iter()
@@ -153,6 +151,7 @@ mod tests {
     use crate::route::experiment::Arm;
     use crate::route::key::RouteKey;
     use crate::state::{Event, Writer};
+    use crate::topology::{FleetId, ReplicaId};
 
     #[test]
     fn a_conversation_its_replica_failed_skips_that_replica_next_turn() {
@@ -168,8 +167,8 @@ mod tests {
                 w.apply(
                     Event::Health {
                         generation: 1,
-                        fleet: 0,
-                        replica: r,
+                        fleet: FleetId(0),
+                        replica: ReplicaId(r),
                         ok: true,
                     },
                     now,
@@ -188,12 +187,12 @@ mod tests {
                 .unwrap()
                 .replicas[0]
         };
-        let fail = |w: &mut Writer, k: u64, replica: usize, status: u16, early: bool| {
+        let fail = |w: &mut Writer, k: u64, replica: ReplicaId, status: u16, early: bool| {
             w.apply(
                 Event::Observed(Box::new(Observation {
                     stage: "s".into(),
                     fleet: "f".into(),
-                    replica: cfg.fleets[0].endpoints[replica].clone(),
+                    replica: cfg.fleets[0].endpoints[replica.index()].clone(),
                     served_by: None,
                     status: Some(status),
                     time_to_first_byte: None,
@@ -206,6 +205,7 @@ mod tests {
                     stream: true,
                     ended_early: early,
                     key: Some(k),
+                    decided: None,
                 })),
                 now,
             );

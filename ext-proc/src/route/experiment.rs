@@ -10,37 +10,12 @@ use super::eligible::Candidates;
 use super::key::RouteKey;
 use super::rendezvous::unit;
 use crate::state::Snapshot;
-use crate::topology::Stage;
+use crate::topology::{FleetId, Stage};
 
 const AB_SEED: u64 = 0xab_7e57;
 const SHADOW_SEED: u64 = 0x5_4ad0;
 
-/// The A/B arm a request landed in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Arm {
-    /// No test, or the policy chose a fleet outside it.
-    None,
-    Control,
-    Variant,
-}
-
-impl Arm {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Arm::None => "none",
-            Arm::Control => "control",
-            Arm::Variant => "variant",
-        }
-    }
-
-    pub fn parse(s: &str) -> Arm {
-        match s {
-            "control" => Arm::Control,
-            "variant" => Arm::Variant,
-            _ => Arm::None,
-        }
-    }
-}
+pub use crate::topology::Arm;
 
 /// Re-samples a choice of the control fleet. `chosen` indexes
 /// `candidates.fleets`; a variant without a ready replica keeps the request
@@ -69,7 +44,7 @@ pub fn ab(stage: &Stage, candidates: &Candidates, chosen: usize, key: u64) -> (u
 /// The shadow fleet this request is mirrored to, if it is sampled, the
 /// shadow fleet has a ready replica, and its region is inside the request's
 /// residency (the stage's residency is checked when the config is loaded).
-pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<usize> {
+pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<FleetId> {
     let (fleet, percent) = stage.experiment.shadow?;
     let sampled = unit(key.key, SHADOW_SEED) * 100.0 < percent;
     let region = &snap.topo.fleets[fleet].region;

@@ -5,21 +5,7 @@ use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute_filter::contract::{self, KeySource};
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Longest client `x-request-id` fleetroute keeps (bytes): anything longer is
-/// cut before it is stored, hashed or logged.
-pub const MAX_REQUEST_ID: usize = 128;
-
-/// `id` cut to at most [`MAX_REQUEST_ID`] bytes, on a character boundary.
-pub fn truncate_id(id: &str) -> &str {
-    if id.len() <= MAX_REQUEST_ID {
-        return id;
-    }
-    let mut end = MAX_REQUEST_ID;
-    while !id.is_char_boundary(end) {
-        end -= 1;
-    }
-    &id[..end]
-}
+pub use crate::state::decision_log::{MAX_REQUEST_ID, truncate_id};
 
 /// Most blocks ext-proc reads from one request.
 pub use fleetroute_filter::contract::MAX_BLOCKS;
@@ -89,6 +75,22 @@ impl<'a> RouteKey<'a> {
             }
         }
         k
+    }
+
+    /// A request with neither a sampling key nor an id would all hash to
+    /// one key (and one replica): give it `rng` instead, so such requests
+    /// spread. With [`RouteKey::from_headers`] this is the whole fallback.
+    pub fn spread_anonymous(&mut self, rng: u64) {
+        if self.key_source.is_none() && self.request_id.is_empty() {
+            self.key = rng;
+        }
+    }
+
+    /// The conversation's own key, when the client brought one: a fallback
+    /// key (an id's hash, or random) never comes back, so it stands for no
+    /// conversation (no failed-conversation lookup, not logged as a key).
+    pub fn conversation(&self) -> Option<u64> {
+        self.key_source.map(|_| self.key)
     }
 }
 

@@ -10,19 +10,19 @@ pub mod mutation;
 pub mod place;
 pub mod rendezvous;
 pub mod replica;
-pub mod saturation;
 pub mod stage;
 
 use crate::state::Snapshot;
+use crate::topology::{FleetId, NonEmpty, ReplicaId, StageId};
 use key::RouteKey;
 
 /// Where a request goes.
 #[derive(Debug)]
 pub struct Decision {
-    pub stage: usize,
-    pub fleet: usize,
-    /// Replica indices in the fleet: the chosen one, then retry fallbacks.
-    pub replicas: Vec<usize>,
+    pub stage: StageId,
+    pub fleet: FleetId,
+    /// The fleet's replicas: the chosen one, then retry fallbacks.
+    pub replicas: NonEmpty<ReplicaId>,
     /// Prompt tokens the chosen replica is predicted to hold.
     pub cached_tokens: u64,
     /// Prompt tokens it will have to prefill.
@@ -31,7 +31,7 @@ pub struct Decision {
     pub queued_tokens: u64,
     pub arm: experiment::Arm,
     /// A shadow fleet to mirror the request to.
-    pub shadow: Option<usize>,
+    pub shadow: Option<FleetId>,
     /// The request's sampling key, when it had one (not a request-id hash).
     pub sampling_key: Option<u64>,
 }
@@ -136,6 +136,6 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         queued_tokens: choice.queued_tokens,
         arm,
         shadow: experiment::shadow(stage, snap, key),
-        sampling_key: key.key_source.map(|_| key.key),
+        sampling_key: key.conversation(),
     })
 }

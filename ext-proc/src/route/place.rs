@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use super::key::RouteKey;
 use super::{Decision, Reject, decide};
-use crate::state::load::RequestGuard;
-use crate::state::{Event, Routed, Shared, Snapshot};
+use crate::state::{Decided, Event, Routed, Shared, Snapshot};
+use crate::topology::load::RequestGuard;
 
 pub struct Placed {
     pub snapshot: Arc<Snapshot>,
@@ -17,6 +17,18 @@ pub struct Placed {
     pub nonce: u64,
     /// The request's share of the replica's load, until released.
     pub guard: RequestGuard,
+}
+
+impl Placed {
+    /// The decision's ids, to keep under its nonce with its load.
+    pub fn decided(&self) -> Decided {
+        Decided {
+            generation: self.snapshot.topo.generation,
+            stage: self.decision.stage,
+            fleet: self.decision.fleet,
+            replica: *self.decision.replicas.head(),
+        }
+    }
 }
 
 pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Reject> {
@@ -32,7 +44,7 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
         }
     };
     let topo = &snapshot.topo;
-    let replica = &topo.fleets[decision.fleet].replicas[decision.replicas[0]];
+    let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
     let guard = replica.load.start(decision.uncached_tokens);
     let nonce = fastrand::u64(..);
     shared.emit(Event::Routed(Box::new(Routed {
@@ -41,7 +53,7 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
         request_id: key.request_id.to_string(),
         stage: decision.stage,
         fleet: decision.fleet,
-        replica: decision.replicas[0],
+        replica: *decision.replicas.head(),
         key_source: key.key_source.map_or("none", |s| s.as_str()),
         arm: decision.arm.as_str(),
         shadow: decision.shadow,

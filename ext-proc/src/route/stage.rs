@@ -1,11 +1,14 @@
 //! Model name → stage.
 
 use super::Reject;
-use crate::topology::{Stage, Topology};
+use crate::topology::{Stage, StageId, Topology};
 
 /// The stage a request addresses: by model alias or stage name, else the
 /// configured default stage.
-pub fn resolve<'t>(topo: &'t Topology, model: Option<&str>) -> Result<(usize, &'t Stage), Reject> {
+pub fn resolve<'t>(
+    topo: &'t Topology,
+    model: Option<&str>,
+) -> Result<(StageId, &'t Stage), Reject> {
     let idx = match model {
         Some(m) => topo
             .by_model

@@ -16,6 +16,9 @@
 //! each fleet's own need. Either way the stage's total stays in its range
 //! (config validation ensures the fleets' minimums fit in it).
 
+use super::model::FleetModel;
+use crate::topology::{Policy, ReplicaId, Topology};
+
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Signal {
     pub ready: u32,
@@ -83,6 +86,61 @@ pub fn allocate(fleets: &[Signal], priority: bool, stage_min: u32, stage_max: u3
         }
     }
     out
+}
+
+/// Desired replicas per fleet, from each stage that uses it (the largest).
+/// `ready[f]` is fleet `f`'s ready replicas at this tick.
+pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<ReplicaId>]) {
+    let signals: Vec<Signal> = topo
+        .fleets
+        .iter()
+        .enumerate()
+        .map(|(f, fleet)| {
+            let (mut inflight, mut waiting) = (0.0, 0.0);
+            for r in &fleet.replicas {
+                inflight += f64::from(r.load.inflight());
+                waiting += f64::from(
+                    r.load
+                        .engine_waiting()
+                        .max(r.load.prefilling().saturating_sub(1)),
+                );
+            }
+            let n = fleet.replicas.len() as u32;
+            let bounds = fleet.hosts.map_or((n, n), |b| (b.min, b.max));
+            Signal {
+                ready: ready[f].len() as u32,
+                inflight,
+                max_inflight: f64::from(fleet.capacity.max_inflight),
+                waiting,
+                target_queue: fleet.scaling.target_queue,
+                tokens_per_sec: fleets[f].figures.tokens_per_sec,
+                target_tokens_per_sec: fleet.scaling.target_tokens_per_sec,
+                min: bounds.0,
+                max: bounds.1,
+                saturated: fleets[f].saturation.spilling,
+            }
+        })
+        .collect();
+    let mut desired: Vec<Option<u32>> = vec![None; topo.fleets.len()];
+    for stage in &topo.stages {
+        let (order, priority) = match &stage.policy {
+            Policy::Priority { order } => {
+                let mut o = order.clone();
+                o.extend(stage.fleets.iter().filter(|f| !order.contains(f)));
+                (o, true)
+            }
+            _ => (stage.fleets.clone(), false),
+        };
+        let (min, max) = stage.replicas.map_or((0, u32::MAX), |b| (b.min, b.max));
+        let sig: Vec<Signal> = order.iter().map(|&f| signals[f]).collect();
+        for (&f, d) in order.iter().zip(allocate(&sig, priority, min, max)) {
+            desired[f] = Some(desired[f].map_or(d, |x: u32| x.max(d)));
+        }
+    }
+    for (f, d) in desired.into_iter().enumerate() {
+        fleets[f].desired =
+            d.unwrap_or_else(|| signals[f].min.max(signals[f].ready.min(signals[f].max)));
+    }
 }
 
 #[cfg(test)]

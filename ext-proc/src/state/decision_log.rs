@@ -6,6 +6,25 @@ use std::collections::VecDeque;
 
 use serde::Serialize;
 
+use super::Routed;
+use crate::topology::{FleetId, Topology};
+
+/// Longest client `x-request-id` fleetroute keeps (bytes): anything longer is
+/// cut before it is stored, hashed or logged.
+pub const MAX_REQUEST_ID: usize = 128;
+
+/// `id` cut to at most [`MAX_REQUEST_ID`] bytes, on a character boundary.
+pub fn truncate_id(id: &str) -> &str {
+    if id.len() <= MAX_REQUEST_ID {
+        return id;
+    }
+    let mut end = MAX_REQUEST_ID;
+    while !id.is_char_boundary(end) {
+        end -= 1;
+    }
+    &id[..end]
+}
+
 /// Most decisions kept.
 pub const LOG_ENTRIES: usize = 4096;
 /// Most bytes of records kept (strings plus a fixed cost per record).
@@ -21,7 +40,7 @@ pub struct DecisionRecord {
     /// fleetroute's own id of the decision (16 hex digits): the nonce the
     /// observation of the response is matched by. Unique, whatever the client sent.
     pub decision_id: String,
-    /// The request's `x-request-id`, truncated to `route::key::MAX_REQUEST_ID` bytes.
+    /// The request's `x-request-id`, truncated to `MAX_REQUEST_ID` bytes.
     pub request_id: String,
     pub stage: String,
     pub fleet: String,
@@ -33,6 +52,31 @@ pub struct DecisionRecord {
 }
 
 impl DecisionRecord {
+    /// A decision with its ids named.
+    pub(super) fn of(topo: &Topology, r: Routed) -> DecisionRecord {
+        let name = |f: FleetId| topo.fleets.get(f.index()).map(|x| x.name.clone());
+        DecisionRecord {
+            decision_id: format!("{:016x}", r.decision_id),
+            request_id: r.request_id,
+            stage: topo
+                .stages
+                .get(r.stage.index())
+                .map(|s| s.name.clone())
+                .unwrap_or_default(),
+            fleet: name(r.fleet).unwrap_or_default(),
+            replica: topo
+                .fleets
+                .get(r.fleet.index())
+                .and_then(|f| f.replicas.get(r.replica.index()))
+                .map(|x| x.addr.clone())
+                .unwrap_or_default(),
+            key_source: r.key_source,
+            arm: r.arm,
+            shadow: r.shadow.and_then(name),
+            predicted_cached_tokens: r.predicted_cached_tokens,
+        }
+    }
+
     fn bytes(&self) -> usize {
         RECORD_OVERHEAD
             + self.decision_id.len()
@@ -79,7 +123,7 @@ impl DecisionLog {
 
     /// Matching records, newest first, at most `q.limit` of them.
     pub fn find(&self, q: Query<'_>) -> Vec<DecisionRecord> {
-        let request_id = q.request_id.map(crate::route::key::truncate_id);
+        let request_id = q.request_id.map(truncate_id);
         self.records
             .iter()
             .rev()
@@ -176,7 +220,7 @@ mod tests {
         let mut log = DecisionLog::default();
         let long = "x".repeat(50_000);
         let mut r = record(7, 0);
-        r.request_id = crate::route::key::truncate_id(&long).to_string();
+        r.request_id = truncate_id(&long).to_string();
         log.push(r);
         log.push(record(8, 3));
         let q = |request_id, decision_id| {

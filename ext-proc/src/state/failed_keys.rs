@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 use nohash_hasher::BuildNoHashHasher;
 
+use crate::topology::{FleetId, ReplicaId};
+
 /// Most conversations remembered.
 pub const CAPACITY: usize = 65_536;
 /// How long a failure steers its conversation away.
@@ -26,7 +28,7 @@ type Map = papaya::HashMap<u64, Avoid, BuildNoHashHasher<u64>>;
 pub struct Avoid {
     /// The topology generation the indices belong to.
     pub generation: u64,
-    pub fleet: usize,
+    pub fleet: FleetId,
     /// One bit per replica index (fleets hold at most 64).
     pub mask: u64,
     at: Instant,
@@ -76,9 +78,10 @@ impl FailedKeysWriter {
         now: Instant,
         key: u64,
         generation: u64,
-        fleet: usize,
-        replica: usize,
+        fleet: FleetId,
+        replica: ReplicaId,
     ) {
+        let replica = replica.index();
         if replica >= 64 {
             return;
         }
@@ -137,22 +140,25 @@ mod tests {
         let now = Instant::now();
         let mut w = FailedKeysWriter::default();
         let keys = w.keys();
-        w.record(now, 7, 1, 0, 1);
-        w.record(now, 7, 1, 0, 3);
+        w.record(now, 7, 1, FleetId(0), ReplicaId(1));
+        w.record(now, 7, 1, FleetId(0), ReplicaId(3));
         assert_eq!(
             keys.avoid(7, 1).map(|a| (a.fleet, a.mask)),
-            Some((0, 0b1010))
+            Some((FleetId(0), 0b1010))
         );
         // Another generation's indices mean nothing.
         assert_eq!(keys.avoid(7, 2), None);
         // A failure in another fleet replaces the entry.
-        w.record(now, 7, 1, 2, 0);
-        assert_eq!(keys.avoid(7, 1).map(|a| (a.fleet, a.mask)), Some((2, 1)));
+        w.record(now, 7, 1, FleetId(2), ReplicaId(0));
+        assert_eq!(
+            keys.avoid(7, 1).map(|a| (a.fleet, a.mask)),
+            Some((FleetId(2), 1))
+        );
         let later = now + TTL / 2;
-        w.record(later, 8, 1, 0, 0);
+        w.record(later, 8, 1, FleetId(0), ReplicaId(0));
         // Failed again later: its first failure's expiry does not remove it.
-        w.record(now, 9, 1, 0, 0);
-        w.record(later, 9, 1, 0, 1);
+        w.record(now, 9, 1, FleetId(0), ReplicaId(0));
+        w.record(later, 9, 1, FleetId(0), ReplicaId(1));
         w.expire(now + TTL + Duration::from_secs(1));
         assert_eq!(keys.avoid(7, 1), None);
         assert!(keys.avoid(8, 1).is_some());
@@ -167,7 +173,7 @@ mod tests {
         let mut w = FailedKeysWriter::default();
         let keys = w.keys();
         for k in 0..CAPACITY as u64 + 100 {
-            w.record(now, k, 1, 0, 0);
+            w.record(now, k, 1, FleetId(0), ReplicaId(0));
         }
         assert!(keys.len() <= CAPACITY, "{}", keys.len());
         assert_eq!(keys.avoid(0, 1), None, "the oldest went first");

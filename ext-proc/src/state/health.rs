@@ -8,6 +8,7 @@ use futures::future::join_all;
 
 use super::{Event, Shared};
 use crate::config::HealthCheckConfig;
+use crate::topology::{FleetId, ReplicaId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -74,7 +75,9 @@ pub async fn run_checks(shared: Arc<Shared>) {
         let timeout = Duration::from_millis(cfg.timeout_ms);
         let mut probes = Vec::new();
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+            let f = FleetId(f);
             for (r, replica) in fleet.replicas.iter().enumerate() {
+                let r = ReplicaId(r);
                 let url = format!("http://{}{}", replica.addr, cfg.path);
                 let client = &client;
                 probes.push(async move {
@@ -111,7 +114,9 @@ pub async fn run_warmups(shared: Arc<Shared>) {
         let snap = shared.snapshot_full();
         let mut warmups = Vec::new();
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+            let f = FleetId(f);
             for (r, replica) in fleet.replicas.iter().enumerate() {
+                let r = ReplicaId(r);
                 let st = snap.replicas[f][r];
                 if st.health != Health::Healthy || st.warm {
                     continue;

@@ -16,9 +16,10 @@ use moka::sync::Cache;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use super::load::{ReplicaLoad, RequestGuard};
+use super::Decided;
 use crate::config::LeaseConfig;
 use crate::metrics::ResultLabel;
+use crate::topology::load::{ReplicaLoad, RequestGuard};
 
 /// Most leases held at once; beyond it the oldest are released early.
 const MAX_LEASES: u64 = 1 << 20;
@@ -30,6 +31,8 @@ const DEFAULT_PREFILL_MS_PER_K: f64 = 200.0;
 #[derive(Debug)]
 pub struct Lease {
     pub guard: RequestGuard,
+    /// The decision this load belongs to.
+    pub decided: Decided,
     pub started: Instant,
     bound: Duration,
     prefill_bound: Duration,
@@ -125,10 +128,18 @@ impl Leases {
         }
     }
 
-    pub fn hold(&self, nonce: u64, guard: RequestGuard, cfg: &LeaseConfig, input: &LeaseInput) {
+    pub fn hold(
+        &self,
+        nonce: u64,
+        guard: RequestGuard,
+        decided: Decided,
+        cfg: &LeaseConfig,
+        input: &LeaseInput,
+    ) {
         let (bound, prefill_bound) = bounds(cfg, input);
         let lease = Arc::new(Lease {
             guard,
+            decided,
             started: Instant::now(),
             bound,
             prefill_bound,
@@ -200,6 +211,14 @@ impl Leases {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::topology::{FleetId, ReplicaId, StageId};
+
+    const DECIDED: Decided = Decided {
+        generation: 1,
+        stage: StageId(0),
+        fleet: FleetId(0),
+        replica: ReplicaId(0),
+    };
 
     fn cfg() -> LeaseConfig {
         LeaseConfig {
@@ -248,8 +267,8 @@ mod tests {
             max_ms: 30,
             ..cfg()
         };
-        leases.hold(1, load.start(500), &c, &LeaseInput::default());
-        leases.hold(2, load.start(500), &c, &LeaseInput::default());
+        leases.hold(1, load.start(500), DECIDED, &c, &LeaseInput::default());
+        leases.hold(2, load.start(500), DECIDED, &c, &LeaseInput::default());
         assert_eq!((load.inflight(), load.pending_prefill()), (2, 1000));
         assert!(leases.end(1).is_some());
         assert!(leases.end(1).is_none(), "ends once");
@@ -274,9 +293,9 @@ mod tests {
         let leases = Leases::new(Family::default());
         let c = cfg();
         for n in 0..3 {
-            leases.hold(n, load.start(0), &c, &LeaseInput::default());
+            leases.hold(n, load.start(0), DECIDED, &c, &LeaseInput::default());
         }
-        leases.hold(9, other.start(0), &c, &LeaseInput::default());
+        leases.hold(9, other.start(0), DECIDED, &c, &LeaseInput::default());
         assert_eq!(
             leases.reconcile(&load, 1, Duration::from_secs(60)),
             0,

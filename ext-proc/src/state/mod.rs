@@ -1,6 +1,28 @@
-//! Router state. One task (the writer) owns every change and publishes
-//! immutable snapshots; the decision path reads the current snapshot and the
-//! per-replica atomics, and never waits on the writer.
+//! Router state. One task, the writer (`writer`), owns the models of health,
+//! warmup, ejection, figures, saturation, the prefix index, autoscaling and
+//! the failed-conversation map, and publishes immutable snapshots of them;
+//! the decision path reads the current snapshot and never waits on it.
+//!
+//! Shared state outside the writer's models, all of it here, and why:
+//! - `topology::load::ReplicaLoad` (atomics per replica): requests in flight
+//!   and prefill queued are counted by the request path when it places a
+//!   request (`RequestGuard`) and uncounted when the guard is released (the
+//!   access log observer ending its lease, a lease expiring, or the scraper
+//!   reconciling with the engine); the engine's own queue and KV-cache
+//!   figures are stored by the scraper (`scrape`). They change per request,
+//!   faster than a snapshot could be republished, and the decision reads them
+//!   live.
+//! - `lease::Leases` (a bounded concurrent cache of guards, by decision
+//!   nonce): filled by the request path, emptied by the observer, by expiry
+//!   (run on the writer's tick) and by the scraper's reconciliation.
+//! - The readers' halves of the prefix index and the failed-conversation map
+//!   (lock-free maps): only the writer changes them; the decision reads them.
+//! - The snapshot pointer (`ArcSwap`): only the writer stores it.
+//! - The decision log (a mutex): only the writer appends; the admin API reads.
+//! - `metrics::Metrics` (counters): each task counts its own events.
+//!
+//! Nothing else is shared: every other change goes to the writer as an
+//! `Event` and is applied in its order.
 
 pub mod accounting;
 pub mod autoscale;
@@ -10,13 +32,21 @@ pub mod failed_keys;
 pub mod figures;
 pub mod health;
 pub mod lease;
-pub mod load;
+mod migrate;
+mod model;
+pub mod observation;
 pub mod outlier;
 pub mod prefix_index;
-mod report;
+mod recorder;
+pub mod saturation;
 pub mod scrape;
+mod snapshot;
+pub mod usage;
 pub mod warmup;
 mod writer;
+
+/// The per-replica load counters live with the topology they count for.
+pub use crate::topology::load;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,20 +55,20 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::topology::load::RequestGuard;
 pub use changes::{Change, ChangeError};
 use decision_log::DecisionLog;
 pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
 use health::Health;
 use lease::{LeaseInput, Leases};
-use load::RequestGuard;
 use prefix_index::PrefixIndex;
 pub use writer::Writer;
 
 use crate::config::RouterConfig;
 use crate::metrics::Metrics;
-use crate::observe::Observation;
-use crate::topology::Topology;
+use crate::topology::{FleetId, ReplicaId, StageId, Topology};
+pub use observation::Observation;
 
 /// What the decision path reads for one request.
 #[derive(Debug)]
@@ -102,6 +132,18 @@ pub struct StageFleetFigures {
     pub hit_rate_engine: Option<f64>,
 }
 
+/// A decision's ids, kept with its load under its nonce (`lease`) until the
+/// access log reports the request's end: the observation finds the stage,
+/// fleet and replica it concerns by that nonce, not by their names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decided {
+    /// The topology generation the ids belong to.
+    pub generation: u64,
+    pub stage: StageId,
+    pub fleet: FleetId,
+    pub replica: ReplicaId,
+}
+
 /// A decision, as the writer learns it.
 #[derive(Clone, Debug)]
 pub struct Routed {
@@ -110,12 +152,12 @@ pub struct Routed {
     pub decision_id: u64,
     /// The client's `x-request-id`, already truncated (`route::key`).
     pub request_id: String,
-    pub stage: usize,
-    pub fleet: usize,
-    pub replica: usize,
+    pub stage: StageId,
+    pub fleet: FleetId,
+    pub replica: ReplicaId,
     pub key_source: &'static str,
     pub arm: &'static str,
-    pub shadow: Option<usize>,
+    pub shadow: Option<FleetId>,
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
     pub prompt_tokens: u64,
@@ -126,14 +168,14 @@ pub struct Routed {
 pub enum Event {
     Health {
         generation: u64,
-        fleet: usize,
-        replica: usize,
+        fleet: FleetId,
+        replica: ReplicaId,
         ok: bool,
     },
     Warmup {
         generation: u64,
-        fleet: usize,
-        replica: usize,
+        fleet: FleetId,
+        replica: ReplicaId,
         ok: bool,
     },
     Routed(Box<Routed>),
@@ -208,9 +250,10 @@ impl Shared {
     }
 
     /// Holds a decision's load under a lease (see `lease`).
-    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, input: &LeaseInput) {
+    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, decided: Decided, input: &LeaseInput) {
         let snap = self.snapshot.load();
-        self.leases.hold(nonce, guard, &snap.config.leases, input);
+        self.leases
+            .hold(nonce, guard, decided, &snap.config.leases, input);
     }
 
     pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {

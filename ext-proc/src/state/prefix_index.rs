@@ -13,6 +13,8 @@ use std::sync::Arc;
 use lru::LruCache;
 use nohash_hasher::BuildNoHashHasher;
 
+use crate::topology::ReplicaId;
+
 /// Block hashes are already uniform xxh3 values: hashing them again is waste.
 type Map = papaya::HashMap<u64, u64, BuildNoHashHasher<u64>>;
 
@@ -101,7 +103,8 @@ impl IndexWriter {
 
     /// A request with these blocks was sent to `replica`: after it, the
     /// replica's cache holds all of them.
-    pub fn insert(&mut self, replica: usize, blocks: &[u64], block_tokens: u32) {
+    pub fn insert(&mut self, replica: ReplicaId, blocks: &[u64], block_tokens: u32) {
+        let replica = replica.index();
         let Some(r) = self.replicas.get_mut(replica) else {
             return;
         };
@@ -130,7 +133,8 @@ impl IndexWriter {
     }
 
     /// Forgets everything `replica` holds (it failed, restarted or left).
-    pub fn clear(&mut self, replica: usize) {
+    pub fn clear(&mut self, replica: ReplicaId) {
+        let replica = replica.index();
         let Some(r) = self.replicas.get_mut(replica) else {
             return;
         };
@@ -143,8 +147,10 @@ impl IndexWriter {
 
     /// Blocks the replica is believed to hold.
     #[cfg(test)]
-    pub fn held(&self, replica: usize) -> usize {
-        self.replicas.get(replica).map_or(0, |r| r.lru.len())
+    pub fn held(&self, replica: ReplicaId) -> usize {
+        self.replicas
+            .get(replica.index())
+            .map_or(0, |r| r.lru.len())
     }
 }
 
@@ -177,8 +183,8 @@ mod tests {
     #[test]
     fn longest_prefix_per_replica() {
         let mut w = IndexWriter::new(3, 1000);
-        w.insert(0, &[1, 2, 3, 4], 10);
-        w.insert(1, &[1, 2, 9], 10);
+        w.insert(ReplicaId(0), &[1, 2, 3, 4], 10);
+        w.insert(ReplicaId(1), &[1, 2, 9], 10);
         let (best, m) = matches(&w, &[1, 2, 3, 5]);
         assert_eq!(best, 3);
         assert_eq!(&m[..3], &[3, 2, 0]);
@@ -189,13 +195,13 @@ mod tests {
     #[test]
     fn capacity_evicts_tails_first_and_clear_forgets() {
         let mut w = IndexWriter::new(1, 40); // 4 blocks of 10 tokens
-        w.insert(0, &[1, 2, 3], 10);
-        w.insert(0, &[7, 8], 10);
+        w.insert(ReplicaId(0), &[1, 2, 3], 10);
+        w.insert(ReplicaId(0), &[7, 8], 10);
         // The older prompt lost its tail, kept its head.
         assert_eq!(matches(&w, &[1, 2, 3]).0, 2);
         assert_eq!(matches(&w, &[7, 8]).0, 2);
-        assert_eq!(w.held(0), 4);
-        w.clear(0);
+        assert_eq!(w.held(ReplicaId(0)), 4);
+        w.clear(ReplicaId(0));
         assert!(w.index().is_empty());
     }
 
@@ -208,7 +214,7 @@ mod tests {
         ) {
             let mut w = IndexWriter::new(4, 80);
             for (r, blocks, clear) in &ops {
-                if *clear && blocks.len() % 5 == 0 { w.clear(*r) } else { w.insert(*r, blocks, 10) }
+                if *clear && blocks.len() % 5 == 0 { w.clear(ReplicaId(*r)) } else { w.insert(ReplicaId(*r), blocks, 10) }
             }
             let idx = w.index();
             let map = idx.map.pin();

@@ -1,52 +1,29 @@
-//! The state writer: the one task that changes router state. It applies
-//! events (health, decisions, observations, changes) and a periodic tick, and
-//! publishes snapshots for the decision path.
+//! The state writer: the one task that changes the writer's models. It takes
+//! events (health, decisions, observations, changes) and a periodic tick,
+//! hands each to the models it concerns, and publishes snapshots for the
+//! decision path. The rules live in the models (`model`), the metric labels
+//! in `recorder`, reload migration in `migrate`, snapshots in `snapshot`.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
 use super::accounting::Accounting;
+use super::decision_log::DecisionRecord;
 use super::failed_keys::FailedKeysWriter;
-use super::figures::{FleetFigures, FleetWindow};
-use super::health::{Health, HealthMachine};
 use super::lease::Leases;
-use super::load::ReplicaLoad;
-use super::outlier::{self, ReplicaOutlier};
-use super::prefix_index::IndexWriter;
-use super::{
-    DecisionRecord, EVENT_QUEUE, Event, FleetState, ReplicaState, Routed, Shared, Snapshot,
-    StageFleetFigures, TICK,
-};
+use super::migrate::{self, Loads};
+use super::model::FleetModel;
+use super::observation::Observation;
+use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
 use crate::config::RouterConfig;
-use crate::metrics::{Metrics, Outcome, StageFleet, StageFleetArm, Tokens};
-use crate::observe::Observation;
-use crate::topology::Topology;
+use crate::metrics::Metrics;
+use crate::topology::{ById, FleetId, ReplicaId, Topology};
 
-/// The writer's model of one replica.
-#[derive(Debug, Default)]
-pub(super) struct ReplicaModel {
-    pub(super) health: HealthMachine,
-    pub(super) warm: bool,
-    pub(super) outlier: ReplicaOutlier,
-    pub(super) draining: bool,
-}
-
-#[derive(Debug)]
-pub(super) struct FleetModel {
-    pub(super) index: IndexWriter,
-    pub(super) window: FleetWindow,
-    pub(super) spilling: bool,
-    pub(super) utilisation: f64,
-    pub(super) desired: u32,
-    pub(super) figures: FleetFigures,
-    pub(super) replicas: Vec<ReplicaModel>,
-}
-
-/// Owns all mutable router state; the only publisher of snapshots.
+/// Owns all the writer's models; the only publisher of snapshots.
 pub struct Writer {
     pub(super) shared: Arc<Shared>,
     rx: mpsc::Receiver<Event>,
@@ -55,7 +32,7 @@ pub struct Writer {
     pub(super) fleets: Vec<FleetModel>,
     pub(super) accounting: Accounting,
     failed_keys: FailedKeysWriter,
-    loads: HashMap<(String, String), Arc<ReplicaLoad>>,
+    pub(super) loads: Loads,
     pub(super) dirty: bool,
 }
 
@@ -63,20 +40,21 @@ impl Writer {
     pub fn new(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let mut loads = HashMap::new();
-        let topo = Arc::new(build_topology(cfg, 1, &mut loads));
-        let fleets = fleet_models(&topo, Vec::new(), &Topology::empty());
+        let topo = Arc::new(migrate::build_topology(cfg, 1, &mut loads));
+        let fleets = migrate::fleet_models(&topo, Vec::new(), &Topology::empty());
         let config = Arc::new(cfg.clone());
         let failed_keys = FailedKeysWriter::default();
         let metrics = Metrics::new();
+        let first = snapshot::build(
+            &topo,
+            &config,
+            &fleets,
+            &Accounting::default(),
+            &failed_keys,
+            Instant::now(),
+        );
         let shared = Arc::new(Shared {
-            snapshot: ArcSwap::from_pointee(snapshot(
-                &topo,
-                &config,
-                &fleets,
-                &Accounting::default(),
-                &failed_keys,
-                Instant::now(),
-            )),
+            snapshot: ArcSwap::from_pointee(first),
             events: tx,
             leases: Leases::new(metrics.leases_released.clone()),
             decisions: Mutex::default(),
@@ -139,8 +117,13 @@ impl Writer {
                 replica,
                 ok,
             } => {
-                if generation == self.topo.generation {
-                    self.on_health(fleet, replica, ok);
+                if generation == self.topo.generation
+                    && let (Some(fl), Some(fm)) =
+                        (self.topo.fleets.by_id(fleet), self.fleets.by_id_mut(fleet))
+                {
+                    let warmup = self.topo.stages_of(fleet).any(|s| s.warmup.is_some());
+                    let cfg = &self.topo.health_check;
+                    self.dirty |= fm.health(fl, replica, ok, cfg, warmup);
                 }
             }
             Event::Warmup {
@@ -149,20 +132,16 @@ impl Writer {
                 replica,
                 ok,
             } => {
-                if generation == self.topo.generation {
-                    self.on_warmup(fleet, replica, ok);
+                if generation == self.topo.generation
+                    && let (Some(fl), Some(fm)) =
+                        (self.topo.fleets.by_id(fleet), self.fleets.by_id_mut(fleet))
+                {
+                    self.dirty |= fm.warmup(fl, replica, ok);
                 }
             }
             Event::Routed(r) => self.on_routed(*r),
             Event::Rejected { stage, reason } => {
-                self.shared
-                    .metrics
-                    .rejected
-                    .get_or_create(&crate::metrics::Rejected {
-                        stage,
-                        reason: reason.to_string(),
-                    })
-                    .inc();
+                recorder::rejected(&self.shared.metrics, stage, reason);
             }
             Event::Observed(o) => self.on_observed(&o, now),
             Event::Change { change, reply } => {
@@ -178,93 +157,26 @@ impl Writer {
         }
     }
 
-    fn on_health(&mut self, fleet: usize, replica: usize, ok: bool) {
-        let cfg = self.topo.health_check.clone();
-        let warmup = self.topo.stages_of(fleet).any(|s| s.warmup.is_some());
-        let m = &mut self.fleets[fleet].replicas[replica];
-        let Some(now) = m.health.record(ok, &cfg) else {
-            return;
-        };
-        let f = &self.topo.fleets[fleet];
-        tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, health = ?now, "replica health changed");
-        if now == Health::Unhealthy {
-            // Its cache is gone or unreachable: stop predicting hits on it.
-            self.fleets[fleet].index.clear(replica);
-            self.fleets[fleet].replicas[replica].warm = !warmup;
-        }
-        self.dirty = true;
-    }
-
-    fn on_warmup(&mut self, fleet: usize, replica: usize, ok: bool) {
-        let m = &mut self.fleets[fleet].replicas[replica];
-        if ok && !m.warm {
-            m.warm = true;
-            let f = &self.topo.fleets[fleet];
-            tracing::info!(fleet = %f.name, replica = %f.replicas[replica].addr, "replica passed warmup, joins the rotation");
-            self.dirty = true;
-        }
-    }
-
     fn on_routed(&mut self, r: Routed) {
         if r.generation != self.topo.generation {
             return;
         }
-        if let Some(f) = self.fleets.get_mut(r.fleet) {
-            f.index.insert(r.replica, &r.blocks, r.block_tokens);
+        if let Some(f) = self.fleets.by_id_mut(r.fleet) {
+            f.routed(&r);
         }
         let topo = &self.topo;
-        let (Some(stage), Some(fleet)) = (topo.stages.get(r.stage), topo.fleets.get(r.fleet))
+        let (Some(stage), Some(fleet)) = (topo.stages.by_id(r.stage), topo.fleets.by_id(r.fleet))
         else {
             return;
         };
-        let m = &self.shared.metrics;
-        m.requests
-            .get_or_create(&StageFleetArm {
-                stage: stage.name.clone(),
-                fleet: fleet.name.clone(),
-                arm: r.arm.to_string(),
-            })
-            .inc();
-        let shadow = r
-            .shadow
-            .and_then(|s| topo.fleets.get(s))
-            .map(|s| s.name.clone());
-        if let Some(s) = &shadow {
-            m.shadowed
-                .get_or_create(&StageFleet {
-                    stage: stage.name.clone(),
-                    fleet: s.clone(),
-                })
-                .inc();
-        }
-        m.tokens
-            .get_or_create(&Tokens {
-                stage: stage.name.clone(),
-                fleet: fleet.name.clone(),
-                kind: "predicted_cached".into(),
-            })
-            .inc_by(r.predicted_cached_tokens);
+        recorder::routed(&self.shared.metrics, topo, &r);
         self.accounting.routed(
             &stage.name,
             &fleet.name,
             r.prompt_tokens,
             r.predicted_cached_tokens,
         );
-        let record = DecisionRecord {
-            decision_id: format!("{:016x}", r.decision_id),
-            request_id: r.request_id,
-            stage: stage.name.clone(),
-            fleet: fleet.name.clone(),
-            replica: fleet
-                .replicas
-                .get(r.replica)
-                .map(|x| x.addr.clone())
-                .unwrap_or_default(),
-            key_source: r.key_source,
-            arm: r.arm,
-            shadow,
-            predicted_cached_tokens: r.predicted_cached_tokens,
-        };
+        let record = DecisionRecord::of(topo, r);
         self.shared
             .decisions
             .lock()
@@ -273,20 +185,41 @@ impl Writer {
     }
 
     fn on_observed(&mut self, o: &Observation, now: Instant) {
-        self.count_outcome(o);
-        let Some(f) = self.topo.fleet_index(&o.fleet) else {
+        recorder::outcome(&self.shared.metrics, o);
+        // The engine hit rate only counts engines that report cached tokens.
+        if let Some(u) = o.usage
+            && let Some(c) = u.cached_tokens()
+        {
+            self.accounting
+                .observed(&o.stage, &o.fleet, u.prompt_tokens, c);
+        }
+        // By the decision's nonce; by name only for an entry that came after
+        // its lease ended.
+        let topo = &self.topo;
+        let routed = match o.decided {
+            Some(d) if d.generation == topo.generation => Some((d.fleet, d.replica)),
+            Some(_) => None,
+            None => topo
+                .fleet_index(&o.fleet)
+                .and_then(|f| Some((f, topo.fleets.by_id(f)?.replica_index(&o.replica)?))),
+        };
+        let Some((f, routed)) = routed else {
             return;
         };
-        let addr = o.served_by.as_deref().unwrap_or(&o.replica);
-        let Some(r) = self.topo.fleets[f]
-            .replicas
-            .iter()
-            .position(|x| x.addr == addr)
-        else {
+        let Some(fleet) = topo.fleets.by_id(f) else {
             return;
         };
-        let ok = o.succeeded();
-        if !ok
+        // A retry may have landed on another host of the fleet.
+        let (r, as_routed) = match o.served_by.as_deref() {
+            Some(addr) if fleet.replicas.by_id(routed).is_none_or(|x| x.addr != addr) => {
+                let Some(r) = fleet.replica_index(addr) else {
+                    return;
+                };
+                (r, false)
+            }
+            _ => (routed, true),
+        };
+        if !o.succeeded()
             && o.counts_against_replica()
             && let Some(key) = o.key
         {
@@ -294,216 +227,41 @@ impl Writer {
             self.failed_keys
                 .record(now, key, self.topo.generation, f, r);
         }
-        let cached = o.usage.and_then(|u| u.cached_tokens());
-        // Time to first token is the prefill queued ahead plus this prompt's
-        // own: normalising by both gives a figure of the replica's speed that
-        // does not depend on how busy routing made it.
-        let uncached = match (o.usage, cached) {
-            (Some(u), Some(c)) => u.prompt_tokens.saturating_sub(c),
-            _ => o.uncached_tokens,
-        };
-        let work = uncached + o.queued_tokens;
-        let ttft_ms = o
-            .time_to_first_byte
-            .filter(|_| ok && o.stream)
-            .map(|d| d.as_secs_f64() * 1000.0);
-        let tokens = o.usage.map_or(0, |u| u.prompt_tokens + u.completion_tokens);
-        let fm = &mut self.fleets[f];
-        fm.window.record(now, ok, ttft_ms, work, tokens);
-        if o.counts_against_replica() {
-            let out = o.usage.map_or(0, |u| u.completion_tokens);
-            fm.replicas[r].outlier.record(
-                now,
-                ok,
-                ttft_ms,
-                work,
-                o.total.as_secs_f64() * 1000.0,
-                out,
-            );
-        }
-        // The engine reports nothing cached where the router predicted a
-        // real prefix: the replica lost its cache (restart, eviction storm).
-        if ok && cached == Some(0) && o.predicted_cached_tokens > 0 && addr == o.replica {
-            fm.index.clear(r);
-        }
-    }
-
-    /// Counters and histograms of one response.
-    fn count_outcome(&mut self, o: &Observation) {
-        let m = &self.shared.metrics;
-        let class = match o.status {
-            None => "no_response",
-            Some(_) if o.ended_early => "ended_early",
-            Some(s) if (200..300).contains(&s) => "ok",
-            Some(s) if (400..500).contains(&s) => "client_error",
-            Some(_) => "server_error",
-        };
-        m.responses
-            .get_or_create(&Outcome {
-                stage: o.stage.clone(),
-                fleet: o.fleet.clone(),
-                arm: o.arm.as_str().to_string(),
-                class: class.to_string(),
-            })
-            .inc();
-        let sf = StageFleet {
-            stage: o.stage.clone(),
-            fleet: o.fleet.clone(),
-        };
-        m.duration.get_or_create(&sf).observe(o.total.as_secs_f64());
-        if o.stream
-            && o.succeeded()
-            && let Some(t) = o.time_to_first_byte
-        {
-            m.ttft.get_or_create(&sf).observe(t.as_secs_f64());
-        }
-        if let Some(u) = o.usage {
-            for (kind, n) in [
-                ("prompt", u.prompt_tokens),
-                ("completion", u.completion_tokens),
-                ("cached", u.cached_tokens().unwrap_or(0)),
-            ] {
-                m.tokens
-                    .get_or_create(&Tokens {
-                        stage: o.stage.clone(),
-                        fleet: o.fleet.clone(),
-                        kind: kind.into(),
-                    })
-                    .inc_by(n);
-            }
-            // The engine hit rate only counts engines that report cached tokens.
-            if let Some(c) = u.cached_tokens() {
-                self.accounting
-                    .observed(&o.stage, &o.fleet, u.prompt_tokens, c);
-            }
-        }
+        self.fleets[f].outcome(r, o, as_routed, now);
     }
 
     /// Periodic work: saturation (with hysteresis), figures, outliers,
-    /// autoscaling signals, metrics.
+    /// autoscaling signals, metrics. Reads the models, not the snapshot.
     pub fn tick(&mut self, now: Instant) {
-        let snap = self.shared.snapshot();
-        for (f, fleet) in self.topo.fleets.iter().enumerate() {
-            let ready: Vec<usize> = (0..fleet.replicas.len())
-                .filter(|&r| {
-                    snap.replicas
-                        .get(f)
-                        .and_then(|v| v.get(r))
-                        .is_some_and(|s| s.ready())
-                })
-                .collect();
-            let fm = &mut self.fleets[f];
-            let resume = self
-                .topo
-                .stages_of(f)
-                .map(|s| s.routing.resume_below())
-                .fold(1.0f64, f64::min);
-            fm.utilisation = crate::route::saturation::utilisation(fleet, ready.iter().copied());
-            let spilling = crate::route::saturation::spilling(fleet, &ready, fm.spilling, resume);
-            if spilling != fm.spilling {
-                tracing::info!(fleet = %fleet.name, saturated = spilling, "fleet saturation changed");
-                fm.spilling = spilling;
-            }
-            let window = self
-                .topo
-                .stages_of(f)
-                .map(|s| s.alarms.window_s)
-                .max()
-                .unwrap_or(60);
-            fm.figures = fm.window.figures(
+        let ready: Vec<Vec<ReplicaId>> = self.fleets.iter().map(|fm| fm.ready(now)).collect();
+        for (f, fm) in self.fleets.iter_mut().enumerate() {
+            let f = FleetId(f);
+            fm.tick(
+                &self.topo,
+                f,
+                &ready[f],
+                failover(&self.topo, &ready, f),
                 now,
-                Duration::from_secs(window),
-                ready.len(),
-                fleet.cost.as_ref(),
             );
-            // Ejections end by time.
-            for (r, m) in fm.replicas.iter().enumerate() {
-                let was = snap
-                    .replicas
-                    .get(f)
-                    .and_then(|v| v.get(r))
-                    .is_some_and(|s| s.ejected);
-                if was && !m.outlier.is_ejected(now) {
-                    tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");
-                }
-            }
-            if let Some(cfg) = self.topo.outlier_for(f) {
-                let failover = failover(&self.topo, &snap, f);
-                let eligible: Vec<bool> = fm
-                    .replicas
-                    .iter()
-                    .map(|m| m.health.state == Health::Healthy && !m.draining)
-                    .collect();
-                let mut outliers: Vec<ReplicaOutlier> = fm
-                    .replicas
-                    .iter_mut()
-                    .map(|m| std::mem::take(&mut m.outlier))
-                    .collect();
-                let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, failover, now);
-                for (m, o) in fm.replicas.iter_mut().zip(outliers) {
-                    m.outlier = o;
-                }
-                for (r, d) in ejected {
-                    tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: failing or far behind its fleet");
-                }
-            }
         }
-        drop(snap);
         self.failed_keys.expire(now);
         self.accounting.fold(now);
-        super::report::desired_replicas(self);
+        autoscale::tick(&self.topo, &mut self.fleets, &ready);
         // Figures move every tick: publish every tick.
         self.dirty = true;
         self.publish_if_dirty(now);
-        super::report::gauges(self);
-    }
-
-    /// Swaps in a new config (already validated). Replicas whose fleet and
-    /// address are unchanged keep their health, load and keys.
-    pub(super) fn install(&mut self, cfg: RouterConfig) {
-        let topo = Arc::new(build_topology(
-            &cfg,
-            self.topo.generation + 1,
-            &mut self.loads,
-        ));
-        let old = std::mem::take(&mut self.fleets);
-        self.fleets = fleet_models(&topo, old, &self.topo);
-        let renamed = series_names(&topo) != series_names(&self.topo);
-        self.topo = topo;
-        self.config = Arc::new(cfg);
-        // Counters of replicas that left go with them.
-        let live: HashSet<(String, String)> = self
-            .topo
-            .fleets
-            .iter()
-            .flat_map(|f| f.replicas.iter().map(|r| (f.name.clone(), r.addr.clone())))
-            .collect();
-        self.loads.retain(|k, _| live.contains(k));
-        let pairs: HashSet<(String, String)> = self
-            .topo
-            .stages
-            .iter()
-            .flat_map(|s| {
-                s.fleets
-                    .iter()
-                    .map(|&f| (s.name.clone(), self.topo.fleets[f].name.clone()))
-            })
-            .collect();
-        self.accounting
-            .retain(|s, f| pairs.contains(&(s.to_string(), f.to_string())));
-        if renamed {
-            // Series of stages, fleets or replicas that left go with them; a
-            // change of weights or bounds keeps every series (and counter).
-            self.shared.metrics.clear_config_series();
-        }
-        self.shared.metrics.prime(&self.topo);
-        tracing::info!(generation = self.topo.generation, "router config applied");
-        self.dirty = true;
+        recorder::gauges(
+            &self.shared.metrics,
+            &self.topo,
+            &self.fleets,
+            &self.accounting,
+            now,
+        );
     }
 
     pub(super) fn publish_if_dirty(&mut self, now: Instant) {
         if std::mem::take(&mut self.dirty) {
-            let snap = snapshot(
+            let snap = snapshot::build(
                 &self.topo,
                 &self.config,
                 &self.fleets,
@@ -518,160 +276,73 @@ impl Writer {
 
 /// Whether every stage of fleet `f` has another fleet with a ready replica,
 /// to take its traffic if its last replica is ejected.
-fn failover(topo: &Topology, snap: &Snapshot, f: usize) -> bool {
+fn failover(topo: &Topology, ready: &[Vec<ReplicaId>], f: FleetId) -> bool {
     let mut stages = topo.stages_of(f).peekable();
     stages.peek().is_some()
         && stages.all(|s| {
-            s.fleets.iter().any(|&g| {
-                g != f
-                    && snap
-                        .replicas
-                        .get(g)
-                        .is_some_and(|v| v.iter().any(|r| r.ready()))
-            })
+            s.fleets
+                .iter()
+                .any(|&g| g != f && ready.by_id(g).is_some_and(|v| !v.is_empty()))
         })
 }
 
-/// The names metric series are labelled with.
-fn series_names(t: &Topology) -> Vec<String> {
-    let mut names: Vec<String> = t
-        .stages
-        .iter()
-        .map(|s| format!("s:{}:{:?}", s.name, s.fleets))
-        .collect();
-    for f in &t.fleets {
-        names.push(format!("f:{}", f.name));
-        names.extend(
-            f.replicas
-                .iter()
-                .map(|r| format!("r:{}/{}", f.name, r.addr)),
-        );
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::state::Decided;
+    use crate::topology::{Arm, StageId};
+
+    fn failure(key: u64, fleet: &str, replica: &str, decided: Option<Decided>) -> Event {
+        Event::Observed(Box::new(Observation {
+            stage: "s".into(),
+            fleet: fleet.into(),
+            replica: replica.into(),
+            served_by: None,
+            status: Some(503),
+            time_to_first_byte: None,
+            total: Duration::from_millis(1),
+            usage: None,
+            predicted_cached_tokens: 0,
+            uncached_tokens: 0,
+            queued_tokens: 0,
+            arm: Arm::None,
+            stream: false,
+            ended_early: false,
+            key: Some(key),
+            decided,
+        }))
     }
-    names
-}
 
-fn build_topology(
-    cfg: &RouterConfig,
-    generation: u64,
-    loads: &mut HashMap<(String, String), Arc<ReplicaLoad>>,
-) -> Topology {
-    Topology::build(cfg, generation, |fleet, addr| {
-        loads
-            .entry((fleet.to_string(), addr.to_string()))
-            .or_default()
-            .clone()
-    })
-}
-
-/// Models for a new topology: a fleet whose replica list and cache size are
-/// unchanged keeps everything (its prefix index included); other fleets keep
-/// what they can per replica address.
-fn fleet_models(topo: &Topology, mut old: Vec<FleetModel>, old_topo: &Topology) -> Vec<FleetModel> {
-    let mut out = Vec::with_capacity(topo.fleets.len());
-    for (f, fleet) in topo.fleets.iter().enumerate() {
-        let warmup = topo.stages_of(f).any(|s| s.warmup.is_some());
-        let prev = old_topo.fleet_index(&fleet.name);
-        let unchanged = prev.is_some_and(|p| {
-            let o = &old_topo.fleets[p];
-            o.capacity.kv_cache_tokens == fleet.capacity.kv_cache_tokens
-                && o.replicas
-                    .iter()
-                    .map(|r| &r.addr)
-                    .eq(fleet.replicas.iter().map(|r| &r.addr))
-        });
-        if unchanged
-            && let Some(p) = prev
-            && p < old.len()
-        {
-            out.push(std::mem::replace(&mut old[p], empty_model(0, 1)));
-            continue;
-        }
-        let mut m = empty_model(fleet.replicas.len(), fleet.capacity.kv_cache_tokens);
-        for (r, rep) in fleet.replicas.iter().enumerate() {
-            let carried = prev.and_then(|p| {
-                let oi = old_topo.fleets[p]
-                    .replicas
-                    .iter()
-                    .position(|x| x.addr == rep.addr)?;
-                old.get_mut(p)
-                    .and_then(|fm| fm.replicas.get_mut(oi))
-                    .map(std::mem::take)
-            });
-            m.replicas[r] = carried.unwrap_or(ReplicaModel {
-                warm: !warmup,
-                ..Default::default()
-            });
-        }
-        out.push(m);
-    }
-    out
-}
-
-fn empty_model(replicas: usize, kv_tokens: u64) -> FleetModel {
-    FleetModel {
-        index: IndexWriter::new(replicas, kv_tokens),
-        window: FleetWindow::default(),
-        spilling: false,
-        utilisation: 0.0,
-        desired: replicas as u32,
-        figures: FleetFigures::default(),
-        replicas: (0..replicas).map(|_| ReplicaModel::default()).collect(),
-    }
-}
-
-fn snapshot(
-    topo: &Arc<Topology>,
-    config: &Arc<RouterConfig>,
-    fleets: &[FleetModel],
-    acc: &Accounting,
-    failed_keys: &FailedKeysWriter,
-    now: Instant,
-) -> Snapshot {
-    Snapshot {
-        failed_keys: failed_keys.keys(),
-        topo: topo.clone(),
-        config: config.clone(),
-        replicas: fleets
-            .iter()
-            .map(|fm| {
-                fm.replicas
-                    .iter()
-                    .map(|m| ReplicaState {
-                        health: m.health.state,
-                        warm: m.warm,
-                        ejected: m.outlier.is_ejected(now),
-                        draining: m.draining,
-                    })
-                    .collect()
-            })
-            .collect(),
-        fleets: fleets
-            .iter()
-            .map(|fm| FleetState {
-                prefix: fm.index.index(),
-                figures: fm.figures,
-                spilling: fm.spilling,
-                utilisation: fm.utilisation,
-                desired_replicas: fm.desired,
-            })
-            .collect(),
-        stages: topo
-            .stages
-            .iter()
-            .map(|s| {
-                s.fleets
-                    .iter()
-                    .map(|&f| {
-                        let fleet = &topo.fleets[f].name;
-                        let (p, e) = acc.hit_rates(&s.name, fleet);
-                        StageFleetFigures {
-                            traffic_share: acc.share(&s.name, fleet),
-                            hit_rate_predicted: p,
-                            hit_rate_engine: e,
-                        }
-                    })
-                    .collect()
-            })
-            .collect(),
+    #[test]
+    fn an_observation_resolves_by_its_decision_not_by_names() {
+        let cfg = RouterConfig::parse(
+            "fleets:\n  - { name: a, region: us, endpoints: [\"10.0.0.1:1\"] }\n  \
+             - { name: b, region: us, endpoints: [\"10.0.1.1:1\", \"10.0.1.2:1\"] }\n\
+             stages: [{ name: s, models: [m], fleets: [a, b] }]\n",
+        )
+        .unwrap();
+        let (shared, mut w) = Writer::new(&cfg);
+        let now = Instant::now();
+        let decided = |generation, replica| Decided {
+            generation,
+            stage: StageId(0),
+            fleet: FleetId(1),
+            replica: ReplicaId(replica),
+        };
+        // The names say fleet a; the decision (found by nonce) says b's second.
+        w.apply(failure(7, "a", "10.0.0.1:1", Some(decided(1, 1))), now);
+        // No decision (its lease had ended): the names decide.
+        w.apply(failure(8, "b", "10.0.1.1:1", None), now);
+        // A decision of another topology generation is not applied.
+        w.apply(failure(9, "b", "10.0.1.1:1", Some(decided(0, 1))), now);
+        w.tick(now);
+        let keys = shared.snapshot().failed_keys.clone();
+        let a7 = keys.avoid(7, 1).expect("key 7 remembered");
+        assert_eq!((a7.fleet, a7.mask), (FleetId(1), 0b10));
+        let a8 = keys.avoid(8, 1).expect("key 8 remembered");
+        assert_eq!((a8.fleet, a8.mask), (FleetId(1), 0b01));
+        assert!(keys.avoid(9, 1).is_none());
     }
 }

@@ -12,6 +12,7 @@ use fleetroute::route::key::RouteKey;
 use fleetroute::route::place::place;
 use fleetroute::state::load::RequestGuard;
 use fleetroute::state::{Event, Shared, Writer};
+use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 
 use super::sim::{SimRouter, View};
@@ -74,8 +75,8 @@ impl Fleetroute {
             writer.apply(
                 Event::Health {
                     generation,
-                    fleet: 0,
-                    replica,
+                    fleet: FleetId(0),
+                    replica: ReplicaId(replica),
                     ok: true,
                 },
                 start,
@@ -124,7 +125,7 @@ impl SimRouter for Fleetroute {
         };
         let placed = place(&self.shared, key, self.rng).expect("a ready replica");
         let (d, guard) = (placed.decision, placed.guard);
-        let replica = d.replicas[0];
+        let replica = d.replicas.head().index();
         self.live[id] = Some(Live {
             replica,
             guard,
@@ -174,6 +175,7 @@ impl SimRouter for Fleetroute {
             stream: true,
             ended_early: false,
             key: None,
+            decided: None,
         };
         self.shared.emit(Event::Observed(Box::new(obs)));
         let t = self.at(now);

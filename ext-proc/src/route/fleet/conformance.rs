@@ -10,10 +10,10 @@ use crate::route::key::RouteKey;
 use crate::route::{Reject, decide};
 use crate::state::figures::FleetFigures;
 use crate::state::health::Health;
-use crate::state::load::RequestGuard;
 use crate::state::prefix_index::PrefixIndex;
 use crate::state::{FleetState, ReplicaState, Snapshot};
-use crate::topology::Topology;
+use crate::topology::load::RequestGuard;
+use crate::topology::{FleetId, ReplicaId, Topology};
 
 const POLICIES: [&str; 4] = ["priority", "weighted", "latency", "cost"];
 
@@ -131,18 +131,20 @@ fn key(k: u64, residency: Option<&'static str>) -> RouteKey<'static> {
     }
 }
 
-fn ready_fleets(snap: &Snapshot, region: Option<&str>) -> Vec<usize> {
-    (0..snap.topo.fleets.len())
+fn ready_fleets(snap: &Snapshot, region: Option<&str>) -> Vec<FleetId> {
+    FleetId::all(snap.topo.fleets.len())
         .filter(|&f| snap.replicas[f].iter().any(ReplicaState::ready))
         .filter(|&f| region.is_none_or(|r| snap.topo.fleets[f].region == r))
         .collect()
 }
 
 /// Whether the policy input would count this fleet as saturated.
-fn saturated(snap: &Snapshot, f: usize) -> bool {
-    let ready: Vec<usize> = (0..3).filter(|&r| snap.replicas[f][r].ready()).collect();
+fn saturated(snap: &Snapshot, f: FleetId) -> bool {
+    let ready: Vec<ReplicaId> = ReplicaId::all(3)
+        .filter(|&r| snap.replicas[f][r].ready())
+        .collect();
     snap.fleets[f].spilling
-        || crate::route::saturation::utilisation(&snap.topo.fleets[f], ready) >= 1.0
+        || crate::state::saturation::utilisation(&snap.topo.fleets[f], ready) >= 1.0
 }
 
 proptest! {
@@ -170,7 +172,7 @@ proptest! {
                 Err(Reject::PolicyRefused { .. }) => {
                     // Only weighted may refuse: every eligible fleet weighs 0.
                     prop_assert_eq!(policy, "weighted");
-                    prop_assert!(eligible.iter().all(|&f| f == 2));
+                    prop_assert!(eligible.iter().all(|&f| f == FleetId(2)));
                 }
                 Err(e) => prop_assert!(false, "{policy}: unexpected {e:?}"),
             }
@@ -181,7 +183,7 @@ proptest! {
     fn priority_fills_in_order(w in world(), k in any::<u64>()) {
         let (snap, _g) = snapshot("priority", &w);
         let Ok(d) = decide(&snap, &key(k, None), 0) else { return Ok(()) };
-        let order = [2usize, 0, 1, 3];
+        let order = [2, 0, 1, 3].map(FleetId);
         let eligible = ready_fleets(&snap, None);
         let first_free = order.iter().copied().find(|f| eligible.contains(f) && !saturated(&snap, *f));
         if let Some(f) = first_free {
@@ -194,16 +196,16 @@ proptest! {
         let (snap, _g) = snapshot("latency", &w);
         let Ok(d) = decide(&snap, &key(k, None), rng) else { return Ok(()) };
         let eligible = ready_fleets(&snap, None);
-        let free: Vec<usize> = eligible.iter().copied().filter(|&f| !saturated(&snap, f)).collect();
+        let free: Vec<FleetId> = eligible.iter().copied().filter(|&f| !saturated(&snap, f)).collect();
         let pool = if free.is_empty() { eligible } else { free };
         // Expected time to first token: the fleet's speed times the prefill
         // queued on its least-queued ready replica (100 tokens per request in
         // flight in this world) plus the prompt (1000 tokens, nothing cached).
-        let queued = |f: usize| (0..3).filter(|&r| w.ready[f][r]).map(|r| u64::from(w.inflight[f][r]) * 100).min().unwrap_or(0);
-        let expected = |f: usize| w.latency[f].map(|l| l * (1000.0 + queued(f) as f64 + 256.0) / 1000.0);
+        let queued = |f: FleetId| (0..3).filter(|&r| w.ready[f][r]).map(|r| u64::from(w.inflight[f][r]) * 100).min().unwrap_or(0);
+        let expected = |f: FleetId| w.latency[f].map(|l| l * (1000.0 + queued(f) as f64 + 256.0) / 1000.0);
         let known: Vec<f64> = pool.iter().filter_map(|&f| expected(f)).collect();
         let neutral = if known.is_empty() { 0.0 } else { known.iter().sum::<f64>() / known.len() as f64 };
-        let ttft = |f: usize| expected(f).unwrap_or(neutral);
+        let ttft = |f: FleetId| expected(f).unwrap_or(neutral);
         let best = pool.iter().map(|&f| ttft(f)).fold(f64::INFINITY, f64::min);
         prop_assert!(pool.contains(&d.fleet));
         prop_assert!(ttft(d.fleet) <= best + 1e-9, "chose {} ({}) over best {best}", d.fleet, ttft(d.fleet));
@@ -214,9 +216,9 @@ proptest! {
         let (snap, _g) = snapshot("cost", &w);
         let Ok(d) = decide(&snap, &key(k, None), rng) else { return Ok(()) };
         let eligible = ready_fleets(&snap, None);
-        let free: Vec<usize> = eligible.iter().copied().filter(|&f| !saturated(&snap, f)).collect();
+        let free: Vec<FleetId> = eligible.iter().copied().filter(|&f| !saturated(&snap, f)).collect();
         let pool = if free.is_empty() { eligible } else { free };
-        let meeting: Vec<usize> = pool.iter().copied().filter(|&f| w.p95[f] <= 1000.0).collect();
+        let meeting: Vec<FleetId> = pool.iter().copied().filter(|&f| w.p95[f] <= 1000.0).collect();
         if let Some(&cheapest) = meeting.iter().min_by_key(|&&f| f) {
             // Cost grows with the fleet index in this world.
             prop_assert_eq!(d.fleet, cheapest);

@@ -3,16 +3,17 @@
 //! frees up. When every fleet is saturated, the least utilised one takes it.
 
 use super::{FleetPolicy, PolicyInput};
+use crate::topology::FleetId;
 
 pub struct Priority<'a> {
-    /// `Topology::fleets` indices in fill order.
-    pub order: &'a [usize],
+    /// Fleets in fill order.
+    pub order: &'a [FleetId],
 }
 
 impl FleetPolicy for Priority<'_> {
     fn choose(&self, input: &PolicyInput<'_>) -> Option<usize> {
         let cands = &input.candidates.fleets;
-        let rank = |fleet: usize| {
+        let rank = |fleet: FleetId| {
             self.order
                 .iter()
                 .position(|&f| f == fleet)

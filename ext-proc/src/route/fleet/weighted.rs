@@ -20,7 +20,7 @@ impl FleetPolicy for Weighted<'_> {
             .fleets
             .iter()
             .enumerate()
-            .filter(|(_, c)| self.weights.get(c.fleet).is_some_and(|&w| w > 0.0))
+            .filter(|(_, c)| self.weights.get(c.fleet.index()).is_some_and(|&w| w > 0.0))
             .max_by(|(_, a), (_, b)| {
                 score(a.best_unit, self.weights[a.fleet])
                     .total_cmp(&score(b.best_unit, self.weights[b.fleet]))

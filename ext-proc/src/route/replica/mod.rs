@@ -4,13 +4,15 @@ mod prefix_load;
 
 pub use prefix_load::choose;
 
+use crate::topology::{NonEmpty, ReplicaId};
+
 /// Fallback hosts Envoy may retry on, after the chosen one.
 pub const FALLBACKS: usize = 2;
 
 #[derive(Debug)]
 pub struct ReplicaChoice {
     /// Replica indices, the chosen one first, then fallbacks for retries.
-    pub order: Vec<usize>,
+    pub order: NonEmpty<ReplicaId>,
     /// Prompt tokens the chosen replica is predicted to hold.
     pub cached_tokens: u64,
     /// Prefill tokens already waiting on the chosen replica.

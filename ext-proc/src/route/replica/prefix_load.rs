@@ -24,10 +24,10 @@ use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
 use crate::route::eligible::{CandidateFleet, cached_tokens};
 use crate::route::key::RouteKey;
-use crate::topology::Fleet;
+use crate::topology::{Fleet, NonEmpty, ReplicaId};
 
 struct Scored {
-    replica: usize,
+    replica: ReplicaId,
     overloaded: bool,
     queued: f64,
     cost: f64,
@@ -92,10 +92,14 @@ pub fn choose(
     ReplicaChoice {
         cached_tokens: scored.first().map_or(0, |s| s.cached),
         queued_tokens: scored.first().map_or(0, |s| s.queued as u64),
-        order: scored
-            .iter()
-            .take(1 + FALLBACKS)
-            .map(|s| s.replica)
-            .collect(),
+        // One score per ready replica, and a candidate fleet has one.
+        order: NonEmpty::new(
+            scored
+                .iter()
+                .take(1 + FALLBACKS)
+                .map(|s| s.replica)
+                .collect(),
+        )
+        .expect("a candidate fleet has a ready replica"),
     }
 }

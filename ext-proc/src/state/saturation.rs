@@ -7,9 +7,9 @@
 //! traffic first again only once back under `resume_below` (0.8 by default),
 //! so it does not flap around the threshold.
 
-use crate::topology::Fleet;
+use crate::topology::{Fleet, ReplicaId};
 
-pub fn utilisation(fleet: &Fleet, ready: impl IntoIterator<Item = usize>) -> f64 {
+pub fn utilisation(fleet: &Fleet, ready: impl IntoIterator<Item = ReplicaId>) -> f64 {
     let cap = &fleet.capacity;
     let (mut n, mut inflight, mut waiting, mut kv) = (0u32, 0u64, 0u64, 0.0f64);
     for r in ready {
@@ -35,10 +35,26 @@ pub fn utilisation(fleet: &Fleet, ready: impl IntoIterator<Item = usize>) -> f64
 
 /// The hysteresis: `was` is the previous state. A fleet with no ready replica
 /// is not a candidate at all, so it is not "saturated" either.
-pub fn spilling(fleet: &Fleet, ready: &[usize], was: bool, resume_below: f64) -> bool {
+pub fn spilling(fleet: &Fleet, ready: &[ReplicaId], was: bool, resume_below: f64) -> bool {
     if ready.is_empty() {
         return false;
     }
     let u = utilisation(fleet, ready.iter().copied());
     if was { u > resume_below } else { u >= 1.0 }
+}
+
+/// A fleet's saturation as the writer keeps it between ticks.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Saturation {
+    pub spilling: bool,
+    pub utilisation: f64,
+}
+
+impl Saturation {
+    /// Re-evaluates over the ready replicas; the new state when it flipped.
+    pub fn tick(&mut self, fleet: &Fleet, ready: &[ReplicaId], resume_below: f64) -> Option<bool> {
+        self.utilisation = utilisation(fleet, ready.iter().copied());
+        let spilling = spilling(fleet, ready, self.spilling, resume_below);
+        (spilling != std::mem::replace(&mut self.spilling, spilling)).then_some(spilling)
+    }
 }

@@ -1,0 +1,215 @@
+//! The writer's model of each fleet and its replicas, and what one event or
+//! one tick does to it. Each part keeps its own rules (health hysteresis in
+//! `health`, ejection in `outlier`, the window in `figures`, spilling in
+//! `saturation`, the cache map in `prefix_index`); this file routes events to
+//! them. The writer reads readiness from here, never back from a snapshot.
+
+use std::time::{Duration, Instant};
+
+use super::figures::{FleetFigures, FleetWindow};
+use super::health::{Health, HealthMachine};
+use super::observation::Observation;
+use super::outlier::{self, ReplicaOutlier};
+use super::prefix_index::IndexWriter;
+use super::saturation::Saturation;
+use super::{ReplicaState, Routed};
+use crate::config::{HealthCheckConfig, OutlierConfig};
+use crate::topology::{ById, Fleet, FleetId, ReplicaId, Topology};
+
+/// The writer's model of one replica.
+#[derive(Debug, Default)]
+pub(super) struct ReplicaModel {
+    pub(super) health: HealthMachine,
+    pub(super) warm: bool,
+    pub(super) outlier: ReplicaOutlier,
+    pub(super) draining: bool,
+    /// Ejected as of the last tick (to say when an ejection ends).
+    ejected: bool,
+}
+
+impl ReplicaModel {
+    /// A replica that joins: it must pass warmup first when a stage has one.
+    pub(super) fn joining(warmup: bool) -> Self {
+        ReplicaModel {
+            warm: !warmup,
+            ..Default::default()
+        }
+    }
+
+    pub(super) fn state(&self, now: Instant) -> ReplicaState {
+        ReplicaState {
+            health: self.health.state,
+            warm: self.warm,
+            ejected: self.outlier.is_ejected(now),
+            draining: self.draining,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(super) struct FleetModel {
+    pub(super) index: IndexWriter,
+    pub(super) window: FleetWindow,
+    pub(super) saturation: Saturation,
+    pub(super) desired: u32,
+    pub(super) figures: FleetFigures,
+    pub(super) replicas: Vec<ReplicaModel>,
+}
+
+impl FleetModel {
+    pub(super) fn new(replicas: usize, kv_tokens: u64) -> Self {
+        FleetModel {
+            index: IndexWriter::new(replicas, kv_tokens),
+            window: FleetWindow::default(),
+            saturation: Saturation::default(),
+            desired: replicas as u32,
+            figures: FleetFigures::default(),
+            replicas: (0..replicas).map(|_| ReplicaModel::default()).collect(),
+        }
+    }
+
+    /// One health probe; true when the replica's state changed.
+    pub(super) fn health(
+        &mut self,
+        fleet: &Fleet,
+        r: ReplicaId,
+        ok: bool,
+        cfg: &HealthCheckConfig,
+        warmup: bool,
+    ) -> bool {
+        let Some(m) = self.replicas.by_id_mut(r) else {
+            return false;
+        };
+        let Some(now) = m.health.record(ok, cfg) else {
+            return false;
+        };
+        tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, health = ?now, "replica health changed");
+        if now == Health::Unhealthy {
+            // Its cache is gone or unreachable: stop predicting hits on it.
+            m.warm = !warmup;
+            self.index.clear(r);
+        }
+        true
+    }
+
+    /// One warmup run; true when the replica joined the rotation.
+    pub(super) fn warmup(&mut self, fleet: &Fleet, r: ReplicaId, ok: bool) -> bool {
+        let Some(m) = self.replicas.by_id_mut(r) else {
+            return false;
+        };
+        if ok && !m.warm {
+            m.warm = true;
+            tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "replica passed warmup, joins the rotation");
+            return true;
+        }
+        false
+    }
+
+    pub(super) fn routed(&mut self, r: &Routed) {
+        self.index.insert(r.replica, &r.blocks, r.block_tokens);
+    }
+
+    /// One finished request served by replica `r`; `as_routed` when that is
+    /// the replica the decision chose (not a retry's host).
+    pub(super) fn outcome(&mut self, r: ReplicaId, o: &Observation, as_routed: bool, now: Instant) {
+        let ok = o.succeeded();
+        let cached = o.usage.and_then(|u| u.cached_tokens());
+        // Time to first token is the prefill queued ahead plus this prompt's
+        // own: normalising by both gives a figure of the replica's speed that
+        // does not depend on how busy routing made it.
+        let uncached = match (o.usage, cached) {
+            (Some(u), Some(c)) => u.prompt_tokens.saturating_sub(c),
+            _ => o.uncached_tokens,
+        };
+        let work = uncached + o.queued_tokens;
+        let ttft_ms = o
+            .time_to_first_byte
+            .filter(|_| ok && o.stream)
+            .map(|d| d.as_secs_f64() * 1000.0);
+        let tokens = o.usage.map_or(0, |u| u.prompt_tokens + u.completion_tokens);
+        self.window.record(now, ok, ttft_ms, work, tokens);
+        if o.counts_against_replica() {
+            let out = o.usage.map_or(0, |u| u.completion_tokens);
+            if let Some(m) = self.replicas.by_id_mut(r) {
+                m.outlier
+                    .record(now, ok, ttft_ms, work, o.total.as_secs_f64() * 1000.0, out);
+            }
+        }
+        // The engine reports nothing cached where the router predicted a
+        // real prefix: the replica lost its cache (restart, eviction storm).
+        if ok && cached == Some(0) && o.predicted_cached_tokens > 0 && as_routed {
+            self.index.clear(r);
+        }
+    }
+
+    /// Replicas in rotation now.
+    pub(super) fn ready(&self, now: Instant) -> Vec<ReplicaId> {
+        ReplicaId::all(self.replicas.len())
+            .filter(|&r| self.replicas[r].state(now).ready())
+            .collect()
+    }
+
+    /// Periodic work on fleet `f`: saturation, figures, the end and start of
+    /// ejections. `ready` is this fleet's ready replicas at the tick's start;
+    /// `failover` whether another fleet can take its traffic.
+    pub(super) fn tick(
+        &mut self,
+        topo: &Topology,
+        f: FleetId,
+        ready: &[ReplicaId],
+        failover: bool,
+        now: Instant,
+    ) {
+        let fleet = &topo.fleets[f];
+        let resume = topo
+            .stages_of(f)
+            .map(|s| s.routing.resume_below())
+            .fold(1.0f64, f64::min);
+        if let Some(spilling) = self.saturation.tick(fleet, ready, resume) {
+            tracing::info!(fleet = %fleet.name, saturated = spilling, "fleet saturation changed");
+        }
+        let window = topo
+            .stages_of(f)
+            .map(|s| s.alarms.window_s)
+            .max()
+            .unwrap_or(60);
+        self.figures = self.window.figures(
+            now,
+            Duration::from_secs(window),
+            ready.len(),
+            fleet.cost.as_ref(),
+        );
+        // Ejections end by time.
+        for (r, m) in ReplicaId::all(self.replicas.len()).zip(self.replicas.iter_mut()) {
+            let ejected = m.outlier.is_ejected(now);
+            if m.ejected && !ejected {
+                tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");
+            }
+            m.ejected = ejected;
+        }
+        if let Some(cfg) = topo.outlier_for(f) {
+            self.eject(fleet, cfg, failover, now);
+        }
+    }
+
+    fn eject(&mut self, fleet: &Fleet, cfg: &OutlierConfig, failover: bool, now: Instant) {
+        let eligible: Vec<bool> = self
+            .replicas
+            .iter()
+            .map(|m| m.health.state == Health::Healthy && !m.draining)
+            .collect();
+        let mut outliers: Vec<ReplicaOutlier> = self
+            .replicas
+            .iter_mut()
+            .map(|m| std::mem::take(&mut m.outlier))
+            .collect();
+        let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, failover, now);
+        for (m, o) in self.replicas.iter_mut().zip(outliers) {
+            m.outlier = o;
+        }
+        for (r, d) in ejected {
+            self.replicas[r].ejected = true;
+            tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: failing or far behind its fleet");
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! The crate reads top-down: the request path (`stream`, `observe`) over the
+//! decision (`route`) over state (`state`) over the topology, metrics and
+//! config. A module may use modules of lower floors only; this test fails
+//! when a lower floor names a higher one (`crate::…` outside test modules).
+//! The process floor (`serve`, `admin`, `cli`, `bootstrap`, `reload`) wires everything
+//! and is not ordered within itself.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+/// Top-level modules, lowest floor first. Equal floors may not use each other.
+const FLOORS: &[(&str, u32)] = &[
+    ("config", 0),
+    ("listen", 0),
+    ("membership", 1),
+    ("topology", 1),
+    ("fail_open", 1),
+    ("metrics", 2),
+    ("envoy_bounds", 2),
+    ("state", 3),
+    ("route", 4),
+    ("observe", 6),
+    ("decision_trace", 5),
+    ("stream", 6),
+    ("serve", 7),
+    ("admin", 7),
+    ("cli", 7),
+    ("bootstrap", 7),
+    ("reload", 7),
+];
+const PROCESS: u32 = 7;
+
+fn floor(module: &str) -> Option<u32> {
+    FLOORS.iter().find(|(m, _)| *m == module).map(|&(_, f)| f)
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The top-level modules a source text names through `crate::`, outside
+/// comments and its test module.
+fn used_modules(text: &str) -> BTreeSet<String> {
+    let code = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let mut used = BTreeSet::new();
+    for line in code.lines() {
+        let line = line.split("//").next().unwrap_or("");
+        let mut rest = line;
+        while let Some(at) = rest.find("crate::") {
+            rest = &rest[at + "crate::".len()..];
+            let names: Vec<&str> = match rest.strip_prefix('{') {
+                Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
+                None => vec![rest],
+            };
+            for n in names {
+                let ident: String = n
+                    .trim()
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !ident.is_empty() {
+                    used.insert(ident);
+                }
+            }
+        }
+    }
+    used
+}
+
+#[test]
+fn lower_floors_never_use_higher_ones() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let rel = file.strip_prefix(&src).expect("under src");
+        let top = rel
+            .components()
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .map(|s| s.trim_end_matches(".rs").to_string())
+            .unwrap_or_default();
+        if top == "lib" || top == "main" {
+            continue;
+        }
+        let from = floor(&top).unwrap_or_else(|| {
+            panic!("{} is on no floor: add its module to FLOORS", rel.display())
+        });
+        let text = fs::read_to_string(file).expect("read source");
+        for used in used_modules(&text) {
+            let Some(to) = floor(&used) else {
+                continue;
+            };
+            checked += 1;
+            let up = to > from || (to == from && used != top && from < PROCESS);
+            if up {
+                wrong.push(format!(
+                    "{} (floor {from}) uses crate::{used} (floor {to})",
+                    rel.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "the scan found too few imports to mean anything"
+    );
+    assert!(
+        wrong.is_empty(),
+        "imports up the floors:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_scan_sees_grouped_and_plain_imports() {
+    let used = used_modules(
+        "use crate::state::Snapshot;\nuse crate::{route, topology::Fleet};\n// crate::admin\n\
+         #[cfg(test)]\nmod tests {\n use crate::serve;\n}\n",
+    );
+    let names: Vec<&str> = used.iter().map(String::as_str).collect();
+    assert_eq!(names, ["route", "state", "topology"]);
+}
