@@ -150,13 +150,16 @@ impl AuditLog {
     /// Starts the writer thread; the handle joins it once every `AuditLog`
     /// is dropped.
     pub fn start(cfg: AuditConfig) -> io::Result<(AuditLog, JoinHandle<()>)> {
+        let (log, writer) = Self::paused(cfg)?;
+        Ok((log, writer.spawn()?))
+    }
+
+    /// The handle and a writer not yet running (tests fill the channel first).
+    pub(crate) fn paused(cfg: AuditConfig) -> io::Result<(AuditLog, PausedWriter)> {
         let (tx, rx) = sync_channel(cfg.buffer.max(1));
         let counters = Arc::new(AuditCounters::default());
-        let mut w = Writer::open(cfg, counters.clone())?;
-        let h = std::thread::Builder::new()
-            .name("audit-log".into())
-            .spawn(move || w.run(rx))?;
-        Ok((AuditLog { tx, counters }, h))
+        let w = Writer::open(cfg, counters.clone())?;
+        Ok((AuditLog { tx, counters }, PausedWriter { w, rx }))
     }
 
     /// Never blocks: a full buffer drops the record and counts it.
@@ -170,8 +173,23 @@ impl AuditLog {
         }
     }
 
-    pub fn counters(&self) -> &AuditCounters {
-        &self.counters
+    /// Outlives the handle (the writer stops when every handle is dropped).
+    pub fn counters(&self) -> Arc<AuditCounters> {
+        self.counters.clone()
+    }
+}
+
+pub(crate) struct PausedWriter {
+    w: Writer,
+    rx: Receiver<AuditRecord>,
+}
+
+impl PausedWriter {
+    pub(crate) fn spawn(self) -> io::Result<JoinHandle<()>> {
+        let PausedWriter { mut w, rx } = self;
+        std::thread::Builder::new()
+            .name("audit-log".into())
+            .spawn(move || w.run(rx))
     }
 }
 

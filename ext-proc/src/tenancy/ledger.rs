@@ -74,7 +74,7 @@ impl Usage {
 
 fn micro(usd: f64) -> u64 {
     if usd.is_finite() && usd > 0.0 {
-        (usd * 1e6).ceil().min(1e15) as u64
+        (usd * 1e6).round().min(1e15) as u64
     } else {
         0
     }
@@ -224,9 +224,9 @@ impl Reservation {
 
 impl Drop for Reservation {
     fn drop(&mut self) {
-        if self.held.end(ENDED) {
-            self.ledger.leases.invalidate(&self.id);
-        }
+        // Also after a commit or an expiry run by hand: the lease goes.
+        self.held.end(ENDED);
+        self.ledger.leases.invalidate(&self.id);
     }
 }
 
@@ -265,9 +265,25 @@ impl TenantState {
     }
 
     fn unreserve_minute(&self, epoch: u64, tokens: u64) {
+        if self.limits.tokens_per_minute.is_none() {
+            return;
+        }
         match &self.allowance {
             Some(a) => a.give_back(epoch, tokens),
             None => self.minute.sub(epoch, tokens),
+        }
+    }
+
+    /// Usage beyond what was reserved, counted from now.
+    fn charge_minute(&self, shared: Option<&SharedState>, clock: &Clock, tokens: u64) {
+        if self.limits.tokens_per_minute.is_none() {
+            return;
+        }
+        match &self.allowance {
+            Some(a) => a.spend(shared, clock, tokens),
+            None => {
+                self.minute.add(clock.now_ms(), tokens);
+            }
         }
     }
 }
@@ -440,7 +456,7 @@ impl Ledger {
 
     /// Charges what the request really used and ends its reservation.
     pub fn commit(&self, r: Reservation, usage: Usage, cost_usd: f64) {
-        let h = r.held.clone();
+        let h = &r.held;
         let t = &h.tenant;
         let inner = &self.inner;
         let used = usage.tokens();
@@ -448,24 +464,13 @@ impl Ledger {
         if h.end(ENDED) {
             t.charged_tokens.fetch_add(used, Relaxed);
             t.charge_spend(&inner.clock, spent);
-            match &t.allowance {
-                Some(a) => a.spend(inner.shared.as_deref(), &inner.clock, used),
-                None => {
-                    t.minute.add(inner.clock.now_ms(), used);
-                }
-            }
+            t.charge_minute(inner.shared.as_deref(), &inner.clock, used);
         } else {
             // Expired first: the estimate was charged; correct it to `usage`.
-            let now = inner.clock.now_ms();
             if used >= h.tokens {
                 let more = used - h.tokens;
                 t.charged_tokens.fetch_add(more, Relaxed);
-                match &t.allowance {
-                    Some(a) => a.spend(inner.shared.as_deref(), &inner.clock, more),
-                    None => {
-                        t.minute.add(now, more);
-                    }
-                }
+                t.charge_minute(inner.shared.as_deref(), &inner.clock, more);
             } else {
                 let less = h.tokens - used;
                 t.charged_tokens.fetch_sub(less, Relaxed);
@@ -485,8 +490,7 @@ impl Ledger {
                 t.charged_micro_usd.fetch_sub(h.micro_usd - spent, Relaxed);
             }
         }
-        inner.leases.invalidate(&r.id);
-        // `r`'s Drop finds the hold ended and does nothing more.
+        // `r`'s Drop finds the hold ended and removes the lease.
     }
 
     /// Runs lease expiry now (a periodic task calls it; expiry otherwise
