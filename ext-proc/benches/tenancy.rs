@@ -149,6 +149,13 @@ fn redis(c: &mut Criterion) {
     }
     percentiles("redis refill per call", ns);
     // Decisions served from the local allowance (no round trip).
+    let refills = || {
+        shared
+            .state()
+            .refills
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = refills();
     let mut ns = Vec::with_capacity(100_000);
     rt.block_on(async {
         for _ in 0..100_000 {
@@ -159,11 +166,8 @@ fn redis(c: &mut Criterion) {
         }
     });
     println!(
-        "refills during the shared admit loop: {}",
-        shared
-            .state()
-            .refills
-            .load(std::sync::atomic::Ordering::Relaxed)
+        "round trips during the shared admit loop: {}",
+        refills() - before
     );
     percentiles("shared admit+commit per call", ns);
     let _ = child.kill();
