@@ -41,3 +41,19 @@ if ! command -v prometheus >/dev/null; then
   hash -r
 fi
 command -v prometheus >/dev/null || { echo "prometheus is not on PATH after install" >&2; exit 1; }
+
+# redis-server, for the shared tenant counter tests (ext-proc/src/tenancy):
+# only the binary is needed, the tests start and stop their own instance.
+if ! command -v redis-server >/dev/null; then
+  say "installing redis-server (Debian package redis-server)"
+  as_root=""
+  if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null; then as_root=sudo; fi
+  $as_root apt-get update
+  $as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends redis-server
+  # The package starts a system-wide service where systemd runs: not wanted.
+  if [ -d /run/systemd/system ]; then
+    $as_root systemctl disable --now redis-server.service >/dev/null 2>&1 || true
+  fi
+  hash -r
+fi
+command -v redis-server >/dev/null || { echo "redis-server is not on PATH after install" >&2; exit 1; }

@@ -17,4 +17,5 @@ pub mod route;
 pub mod serve;
 pub mod state;
 pub mod stream;
+pub mod tenancy;
 pub mod topology;

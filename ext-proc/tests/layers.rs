@@ -18,6 +18,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("fail_open", 1),
     ("metrics", 2),
     ("envoy_bounds", 2),
+    ("tenancy", 1),
     ("state", 3),
     ("route", 4),
     ("observe", 6),

@@ -1,0 +1,5 @@
+mod audit;
+mod config;
+mod ledger;
+mod redis_server;
+mod shared;
