@@ -5,6 +5,7 @@ pub mod fleetroute;
 pub mod policies;
 pub mod sim;
 pub mod trace;
+pub mod workload;
 
 use sim::{Outcome, SimConfig, SimRouter};
 
