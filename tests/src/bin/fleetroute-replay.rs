@@ -30,6 +30,9 @@ struct Args {
     max_batch: usize,
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Replay only the trace's first N requests.
+    #[arg(long)]
+    requests: Option<usize>,
     /// Arrival times are divided by this (2 = twice the request rate).
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
@@ -45,8 +48,9 @@ fn main() {
     let a = Args::parse();
     let text =
         std::fs::read_to_string(&a.trace).unwrap_or_else(|e| panic!("{}: {e}", a.trace.display()));
-    let reqs =
+    let mut reqs =
         trace::load(&text, a.block_tokens).unwrap_or_else(|e| panic!("{}: {e}", a.trace.display()));
+    reqs.truncate(a.requests.unwrap_or(usize::MAX));
     let bound = trace::infinite_cache_hit_rate(&reqs, a.block_tokens);
     println!(
         "trace {}: {} requests; infinite-cache hit rate {:.3}\n\

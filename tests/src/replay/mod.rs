@@ -3,6 +3,7 @@
 
 pub mod fleetroute;
 pub mod policies;
+pub mod prompt;
 pub mod sim;
 pub mod trace;
 pub mod workload;
