@@ -53,7 +53,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
   echo "==> building (release)" >&2
   PROFILE=release scripts/build.sh >&2
 fi
-bin=target/release
+bin=${BIN_DIR:-target/release}
 wasm=$PWD/target/wasm32-wasip1/release/fleetroute_filter.wasm
 
 # Peers, pinned, in a virtual environment under target/.

@@ -19,6 +19,10 @@ struct Args {
     /// KV-cache capacity per replica in tokens; repeat for several runs.
     #[arg(long = "cache-tokens", default_values_t = [3_000_000u64, 1_000_000])]
     cache_tokens: Vec<u64>,
+    /// The KV-cache capacity the routers are configured with, when it differs
+    /// from what the replicas keep (a misconfigured `kv_cache_tokens`).
+    #[arg(long)]
+    router_cache_tokens: Option<u64>,
     /// Tokens per hash id in the trace.
     #[arg(long, default_value_t = 512)]
     block_tokens: u64,
@@ -69,6 +73,7 @@ fn main() {
         let cfg = SimConfig {
             replicas: a.replicas,
             cache_tokens,
+            router_cache_tokens: a.router_cache_tokens,
             block_tokens: a.block_tokens,
             latency: LatencyModel {
                 prefill_tokens_per_sec: a.prefill_tokens_per_sec,
