@@ -44,7 +44,7 @@ VLLM_ROUTER_VERSION=0.1.17
 # trace time, and the whole run after RUN_TIMEOUT seconds.
 RUN_TIMEOUT=${RUN_TIMEOUT:-600}
 
-out=target/bench-routers
+out=${OUT:-target/bench-routers}
 mkdir -p "$out"
 results=$out/results.jsonl
 : > "$results"

@@ -70,26 +70,13 @@ impl PrefixIndex {
 pub struct IndexWriter {
     index: Arc<PrefixIndex>,
     replicas: Vec<ReplicaBlocks>,
-    /// Tokens per block of the last prompt inserted (the filter's setting).
-    block_tokens: u32,
 }
 
 #[derive(Debug)]
 struct ReplicaBlocks {
     lru: LruCache<u64, ()>,
-    /// The effective capacity, calibrated from what the engine reports.
     capacity_tokens: u64,
-    /// The configured capacity, which bounds the calibration.
-    configured_tokens: u64,
 }
-
-/// How far one engine report moves a replica's effective capacity (of the
-/// configured capacity): small, so one odd report does not matter, and
-/// hundreds of consistent ones do.
-const CALIBRATION_STEP: f64 = 0.01;
-/// The effective capacity stays within [configured / 8, configured × 2].
-const CALIBRATION_MIN: f64 = 0.125;
-const CALIBRATION_MAX: f64 = 2.0;
 
 impl IndexWriter {
     /// `capacity_tokens` per replica, for `replicas` replicas (at most 64).
@@ -103,10 +90,8 @@ impl IndexWriter {
                 .map(|_| ReplicaBlocks {
                     lru: LruCache::unbounded(),
                     capacity_tokens,
-                    configured_tokens: capacity_tokens,
                 })
                 .collect(),
-            block_tokens: 1,
         }
     }
 
@@ -120,7 +105,6 @@ impl IndexWriter {
         let Some(r) = self.replicas.get_mut(replica) else {
             return;
         };
-        self.block_tokens = block_tokens.max(1);
         let block_tokens = u64::from(block_tokens.max(1));
         let capacity = (r.capacity_tokens / block_tokens) as usize;
         if capacity == 0 {
@@ -143,44 +127,6 @@ impl IndexWriter {
                 clear_bit(&map, evicted, bit);
             }
         }
-    }
-
-    /// The engine served a prompt the index predicted `predicted` tokens of
-    /// cached on `replica` and reported `reported` cached: fewer means it
-    /// evicted sooner than modelled (its effective capacity is smaller, e.g.
-    /// running requests hold KV memory), more means it kept more. Moves the
-    /// replica's modelled capacity a step that way, and evicts down to it.
-    /// Differences within one block are rounding, not evidence.
-    pub fn calibrate(&mut self, replica: usize, predicted: u64, reported: u64) {
-        let block = u64::from(self.block_tokens);
-        let Some(r) = self.replicas.get_mut(replica) else {
-            return;
-        };
-        let step = (r.configured_tokens as f64 * CALIBRATION_STEP) as u64;
-        let (lo, hi) = (
-            (r.configured_tokens as f64 * CALIBRATION_MIN) as u64,
-            (r.configured_tokens as f64 * CALIBRATION_MAX) as u64,
-        );
-        if reported + block <= predicted {
-            r.capacity_tokens = r.capacity_tokens.saturating_sub(step).max(lo);
-        } else if reported >= predicted + block {
-            r.capacity_tokens = (r.capacity_tokens + step).min(hi);
-        } else {
-            return;
-        }
-        let capacity = (r.capacity_tokens / block) as usize;
-        let bit = 1u64 << replica;
-        let map = self.index.map.pin();
-        while r.lru.len() > capacity {
-            if let Some((evicted, ())) = r.lru.pop_lru() {
-                clear_bit(&map, evicted, bit);
-            }
-        }
-    }
-
-    /// The modelled capacity of `replica`, in tokens.
-    pub fn capacity_tokens(&self, replica: usize) -> u64 {
-        self.replicas.get(replica).map_or(0, |r| r.capacity_tokens)
     }
 
     /// Forgets everything `replica` holds (it failed, restarted or left).
@@ -251,30 +197,6 @@ mod tests {
         assert_eq!(w.held(0), 4);
         w.clear(0);
         assert!(w.index().is_empty());
-    }
-
-    #[test]
-    fn engine_reports_calibrate_capacity_within_bounds() {
-        let mut w = IndexWriter::new(1, 1000); // 100 blocks of 10 tokens
-        w.insert(0, &(0..100).collect::<Vec<u64>>(), 10);
-        // Within a block of the prediction: no change.
-        w.calibrate(0, 500, 495);
-        assert_eq!(w.capacity_tokens(0), 1000);
-        // The engine keeps less than predicted: capacity shrinks and the
-        // index evicts down to it.
-        for _ in 0..10 {
-            w.calibrate(0, 500, 200);
-        }
-        assert_eq!(w.capacity_tokens(0), 900);
-        assert_eq!(w.held(0), 90);
-        for _ in 0..1000 {
-            w.calibrate(0, 500, 0);
-        }
-        assert_eq!(w.capacity_tokens(0), 125, "never below configured / 8");
-        for _ in 0..1000 {
-            w.calibrate(0, 100, 500);
-        }
-        assert_eq!(w.capacity_tokens(0), 2000, "never above configured x 2");
     }
 
     proptest! {

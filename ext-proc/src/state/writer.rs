@@ -321,16 +321,10 @@ impl Writer {
                 out,
             );
         }
-        // Each engine report calibrates the replica's modelled capacity; one
-        // with nothing cached where the router predicted a real prefix means
-        // the replica lost its cache (restart, eviction storm).
-        if ok && addr == o.replica {
-            if let Some(c) = cached {
-                fm.index.calibrate(r, o.predicted_cached_tokens, c);
-            }
-            if cached == Some(0) && o.predicted_cached_tokens > 0 {
-                fm.index.clear(r);
-            }
+        // The engine reports nothing cached where the router predicted a
+        // real prefix: the replica lost its cache (restart, eviction storm).
+        if ok && cached == Some(0) && o.predicted_cached_tokens > 0 && addr == o.replica {
+            fm.index.clear(r);
         }
     }
 
