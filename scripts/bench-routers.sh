@@ -172,7 +172,7 @@ start_router() {
         > "$out/fleetroute.log" 2>&1 &
       pids+=($!)
       envoy -c "$out/envoy.yaml" --concurrency 1 --log-level warn \
-        --base-id $((BASE_PORT % 1000 + 7)) > "$out/envoy.log" 2>&1 &
+        --base-id "$BASE_PORT" > "$out/envoy.log" 2>&1 &
       pids+=($!)
       wait_for fleetroute "http://127.0.0.1:$fr_admin/ready"
       wait_for envoy "http://127.0.0.1:$envoy_admin/ready"
