@@ -19,8 +19,9 @@
 #
 # Environment: REQUESTS (600), RATES ("1 1.5 2 4"), WORKLOADS ("mooncake chat
 # agent"), ROUTERS (all five), KEYS ("content cachekey"), COMPRESS (4),
-# CACHE_TOKENS (500000), SKIP_BUILD=1, BASE_PORT (18000). Results: one JSON
-# line per run in target/bench-routers/results.jsonl and a table on stdout.
+# CACHE_TOKENS (500000), SKIP_BUILD=1, BIN_DIR (target/release), BASE_PORT
+# (18000; two runs at once need different ones), OUT (target/bench-routers).
+# Results: one JSON line per run in $OUT/results.jsonl and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$HOME/.cargo/bin:$PATH"
