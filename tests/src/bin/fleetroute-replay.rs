@@ -19,6 +19,10 @@ struct Args {
     /// KV-cache capacity per replica in tokens; repeat for several runs.
     #[arg(long = "cache-tokens", default_values_t = [3_000_000u64, 1_000_000])]
     cache_tokens: Vec<u64>,
+    /// The KV-cache capacity the routers are configured with, when it differs
+    /// from what the replicas keep (a misconfigured `kv_cache_tokens`).
+    #[arg(long)]
+    router_cache_tokens: Option<u64>,
     /// Tokens per hash id in the trace.
     #[arg(long, default_value_t = 512)]
     block_tokens: u64,
@@ -30,6 +34,9 @@ struct Args {
     max_batch: usize,
     #[arg(long, default_value_t = 256)]
     max_queue: usize,
+    /// Replay only the trace's first N requests.
+    #[arg(long)]
+    requests: Option<usize>,
     /// Arrival times are divided by this (2 = twice the request rate).
     #[arg(long, default_value_t = 1.0)]
     speedup: f64,
@@ -45,8 +52,9 @@ fn main() {
     let a = Args::parse();
     let text =
         std::fs::read_to_string(&a.trace).unwrap_or_else(|e| panic!("{}: {e}", a.trace.display()));
-    let reqs =
+    let mut reqs =
         trace::load(&text, a.block_tokens).unwrap_or_else(|e| panic!("{}: {e}", a.trace.display()));
+    reqs.truncate(a.requests.unwrap_or(usize::MAX));
     let bound = trace::infinite_cache_hit_rate(&reqs, a.block_tokens);
     println!(
         "trace {}: {} requests; infinite-cache hit rate {:.3}\n\
@@ -65,6 +73,7 @@ fn main() {
         let cfg = SimConfig {
             replicas: a.replicas,
             cache_tokens,
+            router_cache_tokens: a.router_cache_tokens,
             block_tokens: a.block_tokens,
             latency: LatencyModel {
                 prefill_tokens_per_sec: a.prefill_tokens_per_sec,

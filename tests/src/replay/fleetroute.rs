@@ -111,12 +111,9 @@ impl SimRouter for Fleetroute {
             .wrapping_add(1442695040888963407);
         let key = RouteKey {
             model: Some("trace"),
-            // The content-derived key: the conversation's opening block.
-            key: req
-                .blocks
-                .first()
-                .copied()
-                .unwrap_or(id as u64 ^ 0x9e37_79b9),
+            // The filter's content-derived key: system prompt plus first
+            // user message, the same for every turn of a conversation.
+            key: req.content_key,
             key_source: Some(KeySource::Content),
             blocks: req.blocks.clone(),
             block_tokens: self.block_tokens,

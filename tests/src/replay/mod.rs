@@ -3,8 +3,10 @@
 
 pub mod fleetroute;
 pub mod policies;
+pub mod prompt;
 pub mod sim;
 pub mod trace;
+pub mod workload;
 
 use sim::{Outcome, SimConfig, SimRouter};
 
@@ -70,7 +72,7 @@ pub fn all_policies(
         Box::new(policies::FirstBlockHash),
         Box::new(policies::SglangCacheAware::new(
             cfg.replicas,
-            cfg.cache_tokens,
+            cfg.router_cache_tokens.unwrap_or(cfg.cache_tokens),
             cfg.block_tokens,
         )),
         Box::new(policies::DynamoCost::new(
@@ -81,7 +83,7 @@ pub fn all_policies(
         Box::new(fleetroute::Fleetroute::new(
             &fleetroute::config(
                 cfg.replicas,
-                cfg.cache_tokens,
+                cfg.router_cache_tokens.unwrap_or(cfg.cache_tokens),
                 cfg.latency.max_batch,
                 replica_choice,
                 outlier,

@@ -33,6 +33,9 @@ pub trait SimRouter {
 pub struct SimConfig {
     pub replicas: usize,
     pub cache_tokens: u64,
+    /// The KV-cache capacity routers are told (`kv_cache_tokens`), which
+    /// operators often set above what engines keep; `cache_tokens` if unset.
+    pub router_cache_tokens: Option<u64>,
     pub block_tokens: u64,
     pub latency: LatencyModel,
     /// Requests a replica queues before refusing more.

@@ -10,6 +10,10 @@ struct Line {
     input_length: u64,
     output_length: u64,
     hash_ids: Vec<u64>,
+    /// Leading blocks that are the system prompt (generated traces); the
+    /// Mooncake trace has none, and its first block stands in for it.
+    #[serde(default)]
+    system_blocks: Option<usize>,
 }
 
 #[derive(Clone, Debug)]
@@ -19,6 +23,27 @@ pub struct TraceRequest {
     pub output_tokens: u64,
     /// Hashes of the prompt's full blocks (as the filter would send them).
     pub blocks: Vec<u64>,
+    /// Leading blocks in the system message; the next block is the first
+    /// user message (see `content_key`).
+    pub system_blocks: usize,
+    /// The filter's content-derived key: a hash of the system prompt and
+    /// the first user message, so every turn of a conversation shares it.
+    pub content_key: u64,
+}
+
+/// Blocks the prompt builder puts in the system message when a trace does not
+/// say: one, then one block of first user message.
+pub const DEFAULT_SYSTEM_BLOCKS: usize = 1;
+
+/// The content key of a prompt whose hash ids are `ids`: the system blocks
+/// plus one block of first user message (all of it when shorter).
+pub fn content_key(ids: &[u64], system_blocks: usize) -> u64 {
+    let n = (system_blocks + 1).min(ids.len());
+    let mut bytes = Vec::with_capacity(n * 8);
+    for id in &ids[..n] {
+        bytes.extend_from_slice(&id.to_le_bytes());
+    }
+    xxh3_64(&bytes)
 }
 
 /// Reads a trace. Block ids become uniform 64-bit hashes, as the filter's
@@ -32,7 +57,10 @@ pub fn load(text: &str, block_tokens: u64) -> Result<Vec<TraceRequest>, String> 
         }
         let l: Line = serde_json::from_str(line).map_err(|e| format!("line {}: {e}", i + 1))?;
         let full = (l.input_length / block_tokens) as usize;
+        let system_blocks = l.system_blocks.unwrap_or(DEFAULT_SYSTEM_BLOCKS);
         out.push(TraceRequest {
+            system_blocks,
+            content_key: content_key(&l.hash_ids, system_blocks),
             arrival_ms: l.timestamp,
             input_tokens: l.input_length,
             output_tokens: l.output_length.max(1),

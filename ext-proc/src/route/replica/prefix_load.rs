@@ -12,10 +12,17 @@
 //! prefill-token units, up to a constant: the prefill waiting ahead of it
 //! plus its own, less what its cached prefix saves.
 //!
+//! The prefix weight adapts to load (see [`load_adapted_prefix_weight`]): a
+//! cached token saves its prefill for this request and, while the fleet has
+//! work queued, for the requests that will wait behind it, so under load a
+//! hit is capacity and is worth more; on an idle fleet it is worth only this
+//! request's prefill, and the load term spreads.
+//!
 //! A bounded-load guard keeps a hot prefix from piling onto one replica: a
 //! replica whose queued tokens exceed `load_factor` × the fleet's mean plus
-//! `load_slack_tokens`, or that is at its `max_inflight`, is used only when
-//! every replica is. Replicas within `tie_tokens` of the best cost are tied,
+//! `load_slack_tokens`, whose requests in flight exceed 1.25 × the fleet's
+//! mean plus 2, or that is at its `max_inflight`, is used only when every
+//! replica is. Replicas within `tie_tokens` of the best cost are tied,
 //! and ties go to the sampling key's rendezvous order, so a request with no
 //! cached prefix anywhere, on a balanced fleet, lands where its key hashes
 //! and a new conversation keeps a home.
@@ -29,10 +36,34 @@ use crate::topology::{Fleet, NonEmpty, ReplicaId};
 struct Scored {
     replica: ReplicaId,
     overloaded: bool,
+    inflight: f64,
     queued: f64,
     cost: f64,
     unit: f64,
     cached: u64,
+}
+
+/// A replica with more requests in flight than this many times the fleet's
+/// mean (plus the slack) takes new ones only when every replica does. A
+/// prefix that every request shares (a system prompt) otherwise keeps
+/// drawing new conversations to the few replicas that cached it first, as
+/// long as their prefill queues stay short; spilling a few seeds the prefix
+/// on the others, after which it is no signal and load and the key spread.
+/// Running requests share a replica's decode, so they are load too.
+const INFLIGHT_FACTOR: f64 = 1.25;
+const INFLIGHT_SLACK: f64 = 2.0;
+
+/// Prompts shorter than this count as this long when weighing queued work
+/// against them, so a tiny prompt on a busy fleet does not get an unbounded
+/// weight.
+const MIN_PROMPT_TOKENS: f64 = 2048.0;
+
+/// The weight of a cached prompt token at this load: `base` on an idle fleet,
+/// growing with the prefill queued per replica (in units of this prompt), as
+/// each queued prompt's worth of work is another request the saved prefill
+/// would have delayed.
+pub fn load_adapted_prefix_weight(base: f64, mean_queued: f64, prompt_tokens: u32) -> f64 {
+    base * (1.0 + mean_queued / f64::from(prompt_tokens).max(MIN_PROMPT_TOKENS))
 }
 
 pub fn choose(
@@ -52,6 +83,7 @@ pub fn choose(
             Scored {
                 replica: r.replica,
                 overloaded: load.inflight() >= fleet.capacity.max_inflight,
+                inflight: f64::from(load.inflight()),
                 queued,
                 cost: 0.0,
                 unit: r.unit,
@@ -61,9 +93,12 @@ pub fn choose(
         .collect();
     let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
     let bound = cfg.load_factor * mean + cfg.load_slack_tokens;
+    let mean_inflight = scored.iter().map(|s| s.inflight).sum::<f64>() / scored.len().max(1) as f64;
+    let inflight_bound = INFLIGHT_FACTOR * mean_inflight + INFLIGHT_SLACK;
+    let prefix_weight = load_adapted_prefix_weight(cfg.prefix_weight, mean, key.prompt_tokens);
     for s in &mut scored {
-        s.overloaded |= s.queued > bound;
-        s.cost = cfg.load_weight * s.queued - cfg.prefix_weight * s.cached as f64;
+        s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
+        s.cost = cfg.load_weight * s.queued - prefix_weight * s.cached as f64;
     }
     let best = scored
         .iter()
@@ -101,5 +136,20 @@ pub fn choose(
                 .collect(),
         )
         .expect("a candidate fleet has a ready replica"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::load_adapted_prefix_weight as w;
+
+    #[test]
+    fn prefix_weight_is_the_base_when_idle_and_grows_with_queued_prompts() {
+        assert_eq!(w(1.5, 0.0, 8192), 1.5);
+        // Two of this prompt queued per replica: it saves prefill for them too.
+        assert_eq!(w(1.5, 16384.0, 8192), 4.5);
+        // Tiny prompts are weighed as MIN_PROMPT_TOKENS long.
+        assert_eq!(w(1.0, 4096.0, 16), w(1.0, 4096.0, 2048));
+        assert!(w(1.0, 4096.0, 16) < 3.0 + 1e-9);
     }
 }
