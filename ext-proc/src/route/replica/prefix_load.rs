@@ -21,7 +21,7 @@
 //! A bounded-load guard keeps a hot prefix from piling onto one replica: a
 //! replica whose queued tokens exceed `load_factor` × the fleet's mean plus
 //! `load_slack_tokens`, whose requests in flight exceed 1.25 × the fleet's
-//! mean plus 2, or that is at its `max_inflight`, is used only when every
+//! mean plus an eighth of `max_inflight` (at least 2), or that is at its `max_inflight`, is used only when every
 //! replica is. Replicas within `tie_tokens` of the best cost are tied,
 //! and ties go to the sampling key's rendezvous order, so a request with no
 //! cached prefix anywhere, on a balanced fleet, lands where its key hashes
@@ -50,8 +50,13 @@ struct Scored {
 /// long as their prefill queues stay short; spilling a few seeds the prefix
 /// on the others, after which it is no signal and load and the key spread.
 /// Running requests share a replica's decode, so they are load too.
+/// The slack is an eighth of the replica's `max_inflight`, at least 2: a
+/// lease outlives its request until Envoy's access log reports the end, so a
+/// conversation sending turn after turn briefly holds a few leases on its
+/// replica, and a slack smaller than that would move it off its cache.
 const INFLIGHT_FACTOR: f64 = 1.25;
-const INFLIGHT_SLACK: f64 = 2.0;
+const INFLIGHT_SLACK_SHARE: f64 = 0.125;
+const INFLIGHT_SLACK_MIN: f64 = 2.0;
 
 /// Prompts shorter than this count as this long when weighing queued work
 /// against them, so a tiny prompt on a busy fleet does not get an unbounded
@@ -94,7 +99,9 @@ pub fn choose(
     let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
     let bound = cfg.load_factor * mean + cfg.load_slack_tokens;
     let mean_inflight = scored.iter().map(|s| s.inflight).sum::<f64>() / scored.len().max(1) as f64;
-    let inflight_bound = INFLIGHT_FACTOR * mean_inflight + INFLIGHT_SLACK;
+    let slack =
+        (f64::from(fleet.capacity.max_inflight) * INFLIGHT_SLACK_SHARE).max(INFLIGHT_SLACK_MIN);
+    let inflight_bound = INFLIGHT_FACTOR * mean_inflight + slack;
     let prefix_weight = load_adapted_prefix_weight(cfg.prefix_weight, mean, key.prompt_tokens);
     for s in &mut scored {
         s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
