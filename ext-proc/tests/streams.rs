@@ -559,35 +559,46 @@ impl std::io::Write for Sink {
     }
 }
 
+/// The span sink is the process-wide default subscriber: a scoped one races
+/// with the other tests of this binary over tracing's per-callsite interest
+/// cache (a callsite first seen with no subscriber may stay disabled).
+fn global_sink() -> Sink {
+    static SINK: std::sync::OnceLock<Sink> = std::sync::OnceLock::new();
+    SINK.get_or_init(|| {
+        use tracing_subscriber::layer::SubscriberExt;
+        let sink = Sink::default();
+        let writer = sink.clone();
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_subscriber::EnvFilter::new(
+                fleetroute::decision_trace::TARGET.to_string() + "=debug",
+            ))
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_ansi(false)
+                    .with_writer(move || writer.clone()),
+            );
+        tracing::subscriber::set_global_default(subscriber).expect("first subscriber");
+        sink
+    })
+    .clone()
+}
+
 #[tokio::test]
 async fn a_routed_request_shows_its_decision_span_when_enabled() {
-    use tracing_subscriber::layer::SubscriberExt;
-    let sink = Sink::default();
-    let writer = sink.clone();
-    let subscriber = tracing_subscriber::registry()
-        .with(tracing_subscriber::EnvFilter::new(
-            fleetroute::decision_trace::TARGET.to_string() + "=debug",
-        ))
-        .with(
-            tracing_subscriber::fmt::layer()
-                .with_ansi(false)
-                .with_writer(move || writer.clone()),
-        );
-    // The test's runtime runs the server's tasks on this thread.
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let sink = global_sink();
     let rig = rig().await;
     let tag = route_one(&rig, "traced").await;
     let replica = RouteTag::decode(&tag).expect("tag").replica.to_string();
     let out = String::from_utf8(sink.0.lock().expect("sink").clone()).expect("UTF-8");
+    // Other tests of this binary may trace decisions too: find this one's.
     let line = out
         .lines()
-        .find(|l| l.contains("decided"))
+        .find(|l| l.contains("decided") && l.contains(&format!("replica=\"{replica}\"")))
         .unwrap_or_else(|| panic!("no decision traced: {out}"));
     for want in [
         "stage=\"chat\"".to_string(),
         "policy=\"latency\"".to_string(),
         "fleet=\"pool\"".to_string(),
-        format!("replica=\"{replica}\""),
         "elapsed_us=".to_string(),
     ] {
         assert!(line.contains(&want), "{want} missing: {line}");

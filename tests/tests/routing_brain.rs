@@ -383,8 +383,12 @@ fn a_slow_replica_is_ejected_and_readmitted() {
 
     lab.clear_fault("r1");
     wait_replica(&lab, 0, "r1", "re-admitted", |v| v["ejected"] == false);
+    // New keys and prompts each round: repeated ones would follow the prefix
+    // cache to the replicas that served them while r1 was out.
+    let mut round = 0;
     let back = wait_for_value(Duration::from_secs(10), || {
-        stream_many(&lab, 12, "after")
+        round += 1;
+        stream_many(&lab, 12, &format!("after{round}"))
             .contains(&"r1".to_string())
             .then_some(())
     });
@@ -526,7 +530,9 @@ fn a_conversation_follows_its_prefix_until_the_holder_is_overloaded() {
     wait_replica(&lab, 0, &home, "queueing", |v| {
         v["engine_waiting"].as_u64().is_some_and(|w| w >= 6)
     });
-    let moved = wait_for_value(Duration::from_secs(5), || {
+    // A turn still routed to the holder waits behind the flood, so each try
+    // can take seconds on a loaded machine; the flood lasts about 18 s.
+    let moved = wait_for_value(Duration::from_secs(12), || {
         messages.push(serde_json::json!({ "role": "user", "content": "and now?" }));
         let r = ask(&messages, "turn-busy");
         (r.served_by() != home).then(|| r.served_by().to_string())
