@@ -76,7 +76,7 @@ pub fn candidates(
         .conversation()
         .and_then(|k| snap.failed_keys.avoid(k, topo.generation));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
-    let mut matches: Matches = [0; 64];
+    let mut matches = Matches::default();
     for &f in &stage.fleets {
         let fleet = &topo.fleets[f];
         if !allowed(&fleet.region) {
@@ -95,7 +95,7 @@ pub fn candidates(
             .map(|(r, rep)| ReadyReplica {
                 replica: ReplicaId(r),
                 unit: unit(key.key, rep.seed),
-                matched: if depth == 0 { 0 } else { matches[r] },
+                matched: if depth == 0 { 0 } else { matches[ReplicaId(r)] },
             })
             .collect();
         if let Some(a) = avoid.filter(|a| a.fleet == f) {
