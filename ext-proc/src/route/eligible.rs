@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn a_conversation_its_replica_failed_skips_that_replica_next_turn() {
-        let cfg = RouterConfig::parse(
+        let cfg = RouterConfig::parse_valid(
             "fleets: [{ name: f, region: us, endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\", \"10.0.0.3:1\"] }]\n\
              stages: [{ name: s, models: [m], fleets: [f] }]\n",
         )
