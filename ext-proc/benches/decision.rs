@@ -10,7 +10,7 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
-use fleetroute::config::RouterConfig;
+use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::decision_trace::DecisionSpan;
 use fleetroute::observe::Observation;
 use fleetroute::route::decide;
@@ -22,7 +22,7 @@ use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 use std::sync::Arc;
 
-fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> RouterConfig {
+fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> ValidConfig {
     let mut y = String::from("fleets:\n");
     for (f, (name, n)) in fleets.iter().enumerate() {
         let eps: Vec<String> = (0..*n)
@@ -38,11 +38,11 @@ fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> RouterConfi
         "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n",
         names.join(", ")
     );
-    RouterConfig::parse(&y).expect("bench config")
+    RouterConfig::parse_valid(&y).expect("bench config")
 }
 
 /// A writer with every replica healthy, its snapshot published.
-fn ready(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
+fn ready(cfg: &ValidConfig) -> (Arc<Shared>, Writer) {
     let (shared, mut w) = Writer::new(cfg);
     let now = Instant::now();
     for (f, fleet) in cfg.fleets.iter().enumerate() {

@@ -27,7 +27,7 @@ impl Reloader {
     /// Loads, validates and applies the file. An invalid file is refused
     /// with its field-path errors and the running config stays.
     pub async fn reload(&self, source: &str) -> Result<String, ChangeError> {
-        match RouterConfig::load(&self.path) {
+        match RouterConfig::load_valid(&self.path) {
             Ok(cfg) => {
                 self.shared
                     .change(Change::Reload {

@@ -49,8 +49,8 @@ pub fn run(opts: ServeOptions) -> ExitCode {
 
 pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let token = crate::admin::admin_token(opts.admin_token)?;
-    let cfg =
-        RouterConfig::load(&opts.config).map_err(|e| format!("{}:\n{e}", opts.config.display()))?;
+    let cfg = RouterConfig::load_valid(&opts.config)
+        .map_err(|e| format!("{}:\n{e}", opts.config.display()))?;
     let (shared, writer) = Writer::new(&cfg);
     tokio::spawn(writer.run());
     tokio::spawn(crate::state::health::run_checks(shared.clone()));

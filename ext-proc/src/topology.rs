@@ -9,7 +9,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
     AlarmsConfig, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, HealthCheckConfig,
-    OutlierConfig, PolicyKind, ReplicaChoiceConfig, RouterConfig, RoutingConfig, ScalingConfig,
+    OutlierConfig, PolicyKind, ReplicaChoiceConfig, RoutingConfig, ScalingConfig, ValidConfig,
     WarmupConfig,
 };
 pub mod ids;
@@ -134,7 +134,7 @@ impl Topology {
     /// Builds from a validated config. `loads` hands out the live counters, so a
     /// replica that survives a reload keeps its in-flight count.
     pub fn build(
-        cfg: &RouterConfig,
+        cfg: &ValidConfig,
         generation: u64,
         mut loads: impl FnMut(&str, &str) -> Arc<ReplicaLoad>,
     ) -> Topology {

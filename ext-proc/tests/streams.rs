@@ -61,7 +61,7 @@ impl Drop for Rig {
 }
 
 async fn rig() -> Rig {
-    let cfg = RouterConfig::parse(CONFIG).expect("config");
+    let cfg = RouterConfig::parse_valid(CONFIG).expect("config");
     let (shared, mut w) = Writer::new(&cfg);
     let now = Instant::now();
     for replica in 0..2 {

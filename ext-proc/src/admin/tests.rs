@@ -50,7 +50,7 @@ enum WriterIs {
 }
 
 fn api(writer_is: WriterIs, token: Option<&str>) -> Api {
-    let cfg = RouterConfig::parse(CONFIG).unwrap();
+    let cfg = RouterConfig::parse_valid(CONFIG).unwrap();
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), CONFIG).unwrap();
     let (shared, writer) = Writer::new(&cfg);

@@ -108,12 +108,17 @@ impl RouterConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
+        Self::load_valid(path).map(ValidConfig::into_inner)
+    }
+
+    /// Reads and validates a config file.
+    pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigErrors> {
         let text = std::fs::read_to_string(path).map_err(|e| {
             ConfigErrors(vec![ConfigError {
                 path: String::new(),
                 message: format!("cannot read {}: {e}", path.display()),
             }])
         })?;
-        Self::parse(&text)
+        Self::parse_valid(&text)
     }
 }

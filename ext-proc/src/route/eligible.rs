@@ -76,7 +76,7 @@ pub fn candidates(
         .conversation()
         .and_then(|k| snap.failed_keys.avoid(k, topo.generation));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
-    let mut matches: Matches = [0; 64];
+    let mut matches = Matches::default();
     for &f in &stage.fleets {
         let fleet = &topo.fleets[f];
         if !allowed(&fleet.region) {
@@ -95,7 +95,7 @@ pub fn candidates(
             .map(|(r, rep)| ReadyReplica {
                 replica: ReplicaId(r),
                 unit: unit(key.key, rep.seed),
-                matched: if depth == 0 { 0 } else { matches[r] },
+                matched: if depth == 0 { 0 } else { matches[ReplicaId(r)] },
             })
             .collect();
         if let Some(a) = avoid.filter(|a| a.fleet == f) {
@@ -155,7 +155,7 @@ mod tests {
 
     #[test]
     fn a_conversation_its_replica_failed_skips_that_replica_next_turn() {
-        let cfg = RouterConfig::parse(
+        let cfg = RouterConfig::parse_valid(
             "fleets: [{ name: f, region: us, endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\", \"10.0.0.3:1\"] }]\n\
              stages: [{ name: s, models: [m], fleets: [f] }]\n",
         )

@@ -10,7 +10,7 @@ use super::eligible::Candidates;
 use super::key::RouteKey;
 use super::rendezvous::unit;
 use crate::state::Snapshot;
-use crate::topology::{FleetId, Stage};
+use crate::topology::{Candidate, FleetId, Stage};
 
 const AB_SEED: u64 = 0xab_7e57;
 const SHADOW_SEED: u64 = 0x5_4ad0;
@@ -20,7 +20,7 @@ pub use crate::topology::Arm;
 /// Re-samples a choice of the control fleet. `chosen` indexes
 /// `candidates.fleets`; a variant without a ready replica keeps the request
 /// on control.
-pub fn ab(stage: &Stage, candidates: &Candidates, chosen: usize, key: u64) -> (usize, Arm) {
+pub fn ab(stage: &Stage, candidates: &Candidates, chosen: Candidate, key: u64) -> (Candidate, Arm) {
     let Some((control, variants)) = &stage.experiment.ab else {
         return (chosen, Arm::None);
     };
@@ -33,7 +33,7 @@ pub fn ab(stage: &Stage, candidates: &Candidates, chosen: usize, key: u64) -> (u
         upto += percent;
         if draw < upto {
             return match candidates.fleets.iter().position(|c| c.fleet == fleet) {
-                Some(i) => (i, Arm::Variant),
+                Some(i) => (Candidate(i), Arm::Variant),
                 None => (chosen, Arm::Control),
             };
         }

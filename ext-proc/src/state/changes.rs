@@ -7,7 +7,7 @@
 use std::time::Instant;
 
 use super::writer::Writer;
-use crate::config::{Bounds, ExperimentConfig, RouterConfig, RoutingConfig};
+use crate::config::{Bounds, ExperimentConfig, RouterConfig, RoutingConfig, ValidConfig};
 use crate::metrics::ResultLabel;
 
 #[derive(Debug)]
@@ -15,7 +15,7 @@ pub enum Change {
     /// A new config file (already parsed and validated), from `source`
     /// (file change, SIGHUP, admin API).
     Reload {
-        config: Box<RouterConfig>,
+        config: Box<ValidConfig>,
         source: String,
     },
     /// Set one fleet's weight in a weighted stage, keeping the others'.
@@ -193,8 +193,7 @@ impl Writer {
 
     /// Validates a whole edited config and swaps it in.
     fn commit(&mut self, cfg: RouterConfig) -> Result<(), ChangeError> {
-        cfg.check()
-            .map_err(|e| ChangeError::Conflict(e.to_string()))?;
+        let cfg = crate::config::validate(cfg).map_err(|e| ChangeError::Conflict(e.to_string()))?;
         self.shared.metrics.admin_changes.inc();
         self.install(cfg);
         Ok(())

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::model::{FleetModel, ReplicaModel};
 use super::recorder;
 use super::writer::Writer;
-use crate::config::RouterConfig;
+use crate::config::ValidConfig;
 use crate::topology::load::ReplicaLoad;
 use crate::topology::{ById, FleetId, Topology};
 
@@ -18,8 +18,8 @@ use crate::topology::{ById, FleetId, Topology};
 pub(super) type Loads = HashMap<(String, String), Arc<ReplicaLoad>>;
 
 impl Writer {
-    /// Swaps in a new config (already validated).
-    pub(super) fn install(&mut self, cfg: RouterConfig) {
+    /// Swaps in a new config.
+    pub(super) fn install(&mut self, cfg: ValidConfig) {
         let topo = Arc::new(build_topology(
             &cfg,
             self.topo.generation + 1,
@@ -29,7 +29,7 @@ impl Writer {
         self.fleets = fleet_models(&topo, old, &self.topo);
         let renamed = series_names(&topo) != series_names(&self.topo);
         self.topo = topo;
-        self.config = Arc::new(cfg);
+        self.config = Arc::new(cfg.into_inner());
         // Counters of replicas that left go with them.
         let live: HashSet<(String, String)> = self
             .topo
@@ -74,7 +74,7 @@ fn series_names(t: &Topology) -> Vec<String> {
     names
 }
 
-pub(super) fn build_topology(cfg: &RouterConfig, generation: u64, loads: &mut Loads) -> Topology {
+pub(super) fn build_topology(cfg: &ValidConfig, generation: u64, loads: &mut Loads) -> Topology {
     Topology::build(cfg, generation, |fleet, addr| {
         loads
             .entry((fleet.to_string(), addr.to_string()))

@@ -24,8 +24,30 @@ pub struct PrefixIndex {
     map: Map,
 }
 
-/// Per-replica matched prefix lengths of one request, in blocks.
-pub type Matches = [u16; 64];
+/// Matched prefix lengths of one request, in blocks: one count per replica
+/// slot of a fleet, the slot being the replica's bit in the index's masks, so
+/// a fleet holds at most [`Matches::SLOTS`] replicas (the config is refused
+/// beyond that, and [`IndexWriter::new`] asserts it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Matches([u16; Matches::SLOTS]);
+
+impl Matches {
+    /// Replica slots per fleet: the bits of a `u64` mask.
+    pub const SLOTS: usize = 64;
+}
+
+impl Default for Matches {
+    fn default() -> Self {
+        Matches([0; Matches::SLOTS])
+    }
+}
+
+impl std::ops::Index<ReplicaId> for Matches {
+    type Output = u16;
+    fn index(&self, r: ReplicaId) -> &u16 {
+        &self.0[r.index()]
+    }
+}
 
 impl PrefixIndex {
     /// For each replica (by bit), how many leading blocks of `blocks` it holds.
@@ -39,7 +61,7 @@ impl PrefixIndex {
             let mut dropped = alive & !holders;
             while dropped != 0 {
                 let bit = dropped.trailing_zeros() as usize;
-                out[bit] = i as u16;
+                out.0[bit] = i as u16;
                 dropped &= dropped - 1;
             }
             alive = holders;
@@ -51,7 +73,7 @@ impl PrefixIndex {
         let mut rest = alive;
         while rest != 0 {
             let bit = rest.trailing_zeros() as usize;
-            out[bit] = depth;
+            out.0[bit] = depth;
             rest &= rest - 1;
         }
         depth
@@ -83,7 +105,10 @@ struct ReplicaBlocks {
 impl IndexWriter {
     /// `capacity_tokens` per replica, for `replicas` replicas (at most 64).
     pub fn new(replicas: usize, capacity_tokens: u64) -> Self {
-        assert!(replicas <= 64, "a fleet index holds at most 64 replicas");
+        assert!(
+            replicas <= Matches::SLOTS,
+            "a fleet index holds at most 64 replicas"
+        );
         IndexWriter {
             index: Arc::new(PrefixIndex {
                 map: Map::with_hasher(BuildNoHashHasher::default()),
@@ -175,7 +200,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn matches(w: &IndexWriter, blocks: &[u64]) -> (u16, Matches) {
-        let mut out = [0u16; 64];
+        let mut out = Matches::default();
         let best = w.index().matches(blocks, &mut out);
         (best, out)
     }
@@ -187,9 +212,9 @@ mod tests {
         w.insert(ReplicaId(1), &[1, 2, 9], 10);
         let (best, m) = matches(&w, &[1, 2, 3, 5]);
         assert_eq!(best, 3);
-        assert_eq!(&m[..3], &[3, 2, 0]);
+        assert_eq!(&m.0[..3], &[3, 2, 0]);
         let (best, m) = matches(&w, &[7, 1]);
-        assert_eq!((best, &m[..3]), (0, &[0, 0, 0][..]));
+        assert_eq!((best, &m.0[..3]), (0, &[0, 0, 0][..]));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::migrate::{self, Loads};
 use super::model::FleetModel;
 use super::observation::Observation;
 use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
-use crate::config::RouterConfig;
+use crate::config::{RouterConfig, ValidConfig};
 use crate::metrics::Metrics;
 use crate::topology::{ById, FleetId, ReplicaId, Topology};
 
@@ -37,12 +37,14 @@ pub struct Writer {
 }
 
 impl Writer {
-    pub fn new(cfg: &RouterConfig) -> (Arc<Shared>, Writer) {
+    /// Takes a validated config: the topology it builds relies on names
+    /// resolving and at most 64 replicas per fleet.
+    pub fn new(cfg: &ValidConfig) -> (Arc<Shared>, Writer) {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let mut loads = HashMap::new();
         let topo = Arc::new(migrate::build_topology(cfg, 1, &mut loads));
         let fleets = migrate::fleet_models(&topo, Vec::new(), &Topology::empty());
-        let config = Arc::new(cfg.clone());
+        let config = Arc::new(RouterConfig::clone(cfg));
         let failed_keys = FailedKeysWriter::default();
         let metrics = Metrics::new();
         let first = snapshot::build(
@@ -317,7 +319,7 @@ mod tests {
 
     #[test]
     fn an_observation_resolves_by_its_decision_not_by_names() {
-        let cfg = RouterConfig::parse(
+        let cfg = RouterConfig::parse_valid(
             "fleets:\n  - { name: a, region: us, endpoints: [\"10.0.0.1:1\"] }\n  \
              - { name: b, region: us, endpoints: [\"10.0.1.1:1\", \"10.0.1.2:1\"] }\n\
              stages: [{ name: s, models: [m], fleets: [a, b] }]\n",

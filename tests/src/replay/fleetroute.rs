@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fleetroute::config::RouterConfig;
+use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::observe::Observation;
 use fleetroute::observe::usage::{PromptDetails, Usage};
 use fleetroute::route::key::RouteKey;
@@ -47,7 +47,7 @@ pub fn config(
     max_batch: usize,
     replica_choice: &str,
     outlier: &str,
-) -> RouterConfig {
+) -> ValidConfig {
     let eps: Vec<String> = (0..replicas)
         .map(|r| format!("\"10.0.0.{}:8000\"", r + 1))
         .collect();
@@ -63,11 +63,11 @@ pub fn config(
          stages:\n  - name: trace\n    models: [trace]\n    fleets: [pool]\n{rc}",
         eps.join(", ")
     );
-    RouterConfig::parse(&yaml).unwrap_or_else(|e| panic!("replay config: {e}"))
+    RouterConfig::parse_valid(&yaml).unwrap_or_else(|e| panic!("replay config: {e}"))
 }
 
 impl Fleetroute {
-    pub fn new(cfg: &RouterConfig, requests: usize, block_tokens: u64, label: &str) -> Self {
+    pub fn new(cfg: &ValidConfig, requests: usize, block_tokens: u64, label: &str) -> Self {
         let (shared, mut writer) = Writer::new(cfg);
         let start = Instant::now();
         let generation = shared.snapshot().topo.generation;

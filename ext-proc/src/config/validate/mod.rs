@@ -16,7 +16,7 @@ use std::ops::RangeInclusive;
 use super::{ConfigError, EngineMetricsConfig, HealthCheckConfig, LeaseConfig, RouterConfig};
 
 /// Replicas per fleet; the prefix index keeps one bit per replica.
-pub const MAX_REPLICAS_PER_FLEET: usize = 64;
+pub const MAX_REPLICAS_PER_FLEET: usize = crate::state::prefix_index::Matches::SLOTS;
 /// Longest window or ejection a config may ask for.
 const MAX_SECONDS: u64 = 86_400;
 

@@ -69,7 +69,11 @@ fn world() -> impl Strategy<Value = World> {
 
 fn snapshot(policy: &str, w: &World) -> (Snapshot, Vec<RequestGuard>) {
     let cfg = config(policy);
-    let topo = Arc::new(Topology::build(&cfg, 1, |_, _| Default::default()));
+    let topo = Arc::new(Topology::build(
+        &crate::config::validate(cfg.clone()).unwrap(),
+        1,
+        |_, _| Default::default(),
+    ));
     let mut guards = Vec::new();
     for (f, fleet) in topo.fleets.iter().enumerate() {
         for (r, rep) in fleet.replicas.iter().enumerate() {
@@ -268,7 +272,11 @@ fn exploration_reaches_every_fleet_and_stays_a_small_share() {
         panic!("a latency stage");
     };
     r.exploration = 0.1;
-    let topo = Arc::new(Topology::build(&cfg, 1, |_, _| Default::default()));
+    let topo = Arc::new(Topology::build(
+        &crate::config::validate(cfg.clone()).unwrap(),
+        1,
+        |_, _| Default::default(),
+    ));
     let w = World {
         ready: vec![vec![true; 3]; 4],
         inflight: vec![vec![0; 3]; 4],

@@ -7,17 +7,18 @@
 //! costs share by key, and an exploration share keeps every figure fresh.
 
 use super::{FleetPolicy, PolicyInput};
+use crate::topology::Candidate;
 
 pub struct Cost;
 
 impl FleetPolicy for Cost {
-    fn choose(&self, input: &PolicyInput<'_>) -> Option<usize> {
+    fn choose(&self, input: &PolicyInput<'_>) -> Option<Candidate> {
         let among = input.unsaturated();
         let r = &input.stage.routing;
         if let Some(i) = input.explore(&among, r.exploration()) {
             return Some(i);
         }
-        let healthy: Vec<usize> = among
+        let healthy: Vec<Candidate> = among
             .iter()
             .copied()
             .filter(|&i| {

@@ -8,11 +8,12 @@
 //! fresh. Saturated fleets are skipped while any other can take the request.
 
 use super::{FleetPolicy, PolicyInput};
+use crate::topology::Candidate;
 
 pub struct Latency;
 
 impl FleetPolicy for Latency {
-    fn choose(&self, input: &PolicyInput<'_>) -> Option<usize> {
+    fn choose(&self, input: &PolicyInput<'_>) -> Option<Candidate> {
         let among = input.unsaturated();
         let r = &input.stage.routing;
         if let Some(i) = input.explore(&among, r.exploration()) {

@@ -12,7 +12,7 @@ use super::eligible::{CandidateFleet, Candidates};
 use super::key::RouteKey;
 use super::rendezvous::{score, unit};
 use crate::state::Snapshot;
-use crate::topology::{Policy, Stage};
+use crate::topology::{Candidate, Policy, Stage};
 
 pub struct PolicyInput<'a> {
     pub snap: &'a Snapshot,
@@ -23,13 +23,13 @@ pub struct PolicyInput<'a> {
     pub rng: u64,
 }
 
-/// A fleet policy returns an index into `candidates.fleets`, or `None` when no
+/// A fleet policy returns a place in `candidates.fleets`, or `None` when no
 /// candidate is acceptable to it.
 pub trait FleetPolicy {
-    fn choose(&self, input: &PolicyInput<'_>) -> Option<usize>;
+    fn choose(&self, input: &PolicyInput<'_>) -> Option<Candidate>;
 }
 
-pub fn choose(policy: &Policy, input: &PolicyInput<'_>) -> Option<usize> {
+pub fn choose(policy: &Policy, input: &PolicyInput<'_>) -> Option<Candidate> {
     match policy {
         Policy::Weighted { weights } => weighted::Weighted { weights }.choose(input),
         Policy::Priority { order } => priority::Priority { order }.choose(input),
@@ -46,9 +46,9 @@ impl PolicyInput<'_> {
 
     /// Indices of candidates that are not saturated; all of them when every
     /// one is (some fleet must still take the request).
-    pub fn unsaturated(&self) -> Vec<usize> {
-        let all: Vec<usize> = (0..self.candidates.fleets.len()).collect();
-        let free: Vec<usize> = all
+    pub fn unsaturated(&self) -> Vec<Candidate> {
+        let all: Vec<Candidate> = Candidate::all(self.candidates.fleets.len()).collect();
+        let free: Vec<Candidate> = all
             .iter()
             .copied()
             .filter(|&i| !self.saturated(&self.candidates.fleets[i]))
@@ -58,7 +58,7 @@ impl PolicyInput<'_> {
 
     /// The exploration draw: `Some(index)` of a uniformly random candidate
     /// among `among` with probability `share`.
-    pub fn explore(&self, among: &[usize], share: f64) -> Option<usize> {
+    pub fn explore(&self, among: &[Candidate], share: f64) -> Option<Candidate> {
         if among.len() < 2 || unit(self.rng, 0x5eed) >= share {
             return None;
         }
@@ -69,9 +69,9 @@ impl PolicyInput<'_> {
     /// Spreads near-equal candidates by the key: weighted rendezvous with
     /// weight = ready replicas, so each fleet's share follows its size and a
     /// key keeps its fleet while the set is unchanged.
-    pub fn spread(&self, among: &[usize]) -> Option<usize> {
+    pub fn spread(&self, among: &[Candidate]) -> Option<Candidate> {
         among.iter().copied().max_by(|&a, &b| {
-            let s = |i: usize| {
+            let s = |i: Candidate| {
                 let c = &self.candidates.fleets[i];
                 score(
                     unit(self.key.key, self.snap.topo.fleets[c.fleet].seed),
@@ -86,7 +86,7 @@ impl PolicyInput<'_> {
     /// predict it (ms): its speed (ms per 1000 prefill tokens) times the
     /// prefill already queued on its least-queued replica plus the part of the
     /// prompt the fleet does not hold. `None` when unmeasured.
-    pub fn expected_ttft(&self, i: usize) -> Option<f64> {
+    pub fn expected_ttft(&self, i: Candidate) -> Option<f64> {
         let c = &self.candidates.fleets[i];
         let per_k = self.snap.fleets[c.fleet].figures.latency?;
         let uncached =
@@ -97,7 +97,7 @@ impl PolicyInput<'_> {
 
     /// Expected TTFTs of `among`, unmeasured fleets taking the mean of the
     /// measured ones (so they are neither shunned nor flooded).
-    pub fn expected_ttfts(&self, among: &[usize]) -> Vec<f64> {
+    pub fn expected_ttfts(&self, among: &[Candidate]) -> Vec<f64> {
         let known: Vec<Option<f64>> = among.iter().map(|&i| self.expected_ttft(i)).collect();
         let measured: Vec<f64> = known.iter().flatten().copied().collect();
         let neutral = if measured.is_empty() {
@@ -109,7 +109,7 @@ impl PolicyInput<'_> {
     }
 
     /// Candidates whose value is within `tolerance` of the lowest.
-    pub fn near_best(among: &[usize], values: &[f64], tolerance: f64) -> Vec<usize> {
+    pub fn near_best(among: &[Candidate], values: &[f64], tolerance: f64) -> Vec<Candidate> {
         let best = values.iter().copied().fold(f64::INFINITY, f64::min);
         among
             .iter()

@@ -3,7 +3,7 @@
 //! frees up. When every fleet is saturated, the least utilised one takes it.
 
 use super::{FleetPolicy, PolicyInput};
-use crate::topology::FleetId;
+use crate::topology::{Candidate, FleetId};
 
 pub struct Priority<'a> {
     /// Fleets in fill order.
@@ -11,7 +11,7 @@ pub struct Priority<'a> {
 }
 
 impl FleetPolicy for Priority<'_> {
-    fn choose(&self, input: &PolicyInput<'_>) -> Option<usize> {
+    fn choose(&self, input: &PolicyInput<'_>) -> Option<Candidate> {
         let cands = &input.candidates.fleets;
         let rank = |fleet: FleetId| {
             self.order
@@ -19,7 +19,7 @@ impl FleetPolicy for Priority<'_> {
                 .position(|&f| f == fleet)
                 .unwrap_or(usize::MAX)
         };
-        let mut ordered: Vec<usize> = (0..cands.len()).collect();
+        let mut ordered: Vec<Candidate> = Candidate::all(cands.len()).collect();
         ordered.sort_by_key(|&i| rank(cands[i].fleet));
         if let Some(&first_free) = ordered.iter().find(|&&i| !input.saturated(&cands[i])) {
             return Some(first_free);

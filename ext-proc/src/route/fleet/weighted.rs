@@ -4,6 +4,7 @@
 
 use super::{FleetPolicy, PolicyInput};
 use crate::route::rendezvous::score;
+use crate::topology::Candidate;
 
 pub struct Weighted<'a> {
     /// Per `Topology::fleets` index.
@@ -11,7 +12,7 @@ pub struct Weighted<'a> {
 }
 
 impl FleetPolicy for Weighted<'_> {
-    fn choose(&self, input: &PolicyInput<'_>) -> Option<usize> {
+    fn choose(&self, input: &PolicyInput<'_>) -> Option<Candidate> {
         // The fleet holding the key's best replica overall: the best replica
         // of a fleet of weight w has score w / -ln(max unit), so comparing
         // fleets equals a flat weighted rendezvous over all ready replicas.
@@ -25,6 +26,6 @@ impl FleetPolicy for Weighted<'_> {
                 score(a.best_unit, self.weights[a.fleet])
                     .total_cmp(&score(b.best_unit, self.weights[b.fleet]))
             })
-            .map(|(i, _)| i)
+            .map(|(i, _)| Candidate(i))
     }
 }
