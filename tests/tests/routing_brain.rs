@@ -515,8 +515,11 @@ fn a_conversation_follows_its_prefix_until_the_holder_is_overloaded() {
 
     // Overload the holder from outside the router: long requests sent to it
     // directly fill its batch of 2 and queue; the engine reports the queue.
+    // Under load a cached prefix is worth more (the prefix weight grows with
+    // the queue), so the holder is left only once its queue is well past
+    // the bounded-load guard; 24 requests keep it there for about 30 s.
     let addr = lab.replicas[&home].clone();
-    let flood: Vec<_> = (0..12)
+    let flood: Vec<_> = (0..24)
         .map(|i| {
             let u = format!("http://{addr}/v1/chat/completions");
             thread::spawn(move || {
@@ -528,7 +531,7 @@ fn a_conversation_follows_its_prefix_until_the_holder_is_overloaded() {
     // The engine's queue shows in a scrape (every 100 ms here): most of the
     // flood waits behind the batch of 2.
     wait_replica(&lab, 0, &home, "queueing", |v| {
-        v["engine_waiting"].as_u64().is_some_and(|w| w >= 6)
+        v["engine_waiting"].as_u64().is_some_and(|w| w >= 12)
     });
     // A turn still routed to the holder waits behind the flood, so each try
     // can take seconds on a loaded machine; the flood lasts about 18 s.
