@@ -29,7 +29,7 @@ use std::time::Duration;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, Script};
 use serde::Deserialize;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, Notify};
 
 use super::clock::Clock;
 use super::config::TenantsConfig;
@@ -129,7 +129,12 @@ pub struct Allowance {
     fallback_minute: AtomicU64,
     /// Spend on the fallback share this minute, not yet in Redis.
     unsynced: Epoched,
+    /// One refill at a time per tenant: a decision that runs out while a
+    /// background refill is in flight waits for it instead of claiming a
+    /// second slice (which would leave one slice stranded locally while the
+    /// decision is refused).
     refilling: AtomicBool,
+    refilled: Notify,
 }
 
 impl Allowance {
@@ -239,7 +244,7 @@ impl Shared {
         let r = match self.ledger.admit(tenant, est) {
             Err(r) if r.refill => {
                 let t = self.ledger.tenant(tenant);
-                self.refill(&t, est.tokens()).await;
+                self.refill_exclusive(&t, est.tokens()).await;
                 self.ledger.admit(tenant, est)
             }
             r => r,
@@ -270,8 +275,31 @@ impl Shared {
             me.refill(&t, 0).await;
             if let Some(a) = &t.allowance {
                 a.refilling.store(false, Relaxed);
+                a.refilled.notify_waiters();
             }
         });
+    }
+
+    /// A refill on the decision's path: waits (bounded by the Redis timeout)
+    /// for a background refill already in flight, else claims at least `need`.
+    async fn refill_exclusive(&self, t: &TenantState, need: u64) {
+        let Some(a) = &t.allowance else { return };
+        let done = a.refilled.notified();
+        tokio::pin!(done);
+        done.as_mut().enable();
+        if a.refilling.swap(true, Relaxed) {
+            let bound = Duration::from_millis(self.cfg.timeout_ms);
+            let _ = tokio::time::timeout(bound, done).await;
+            if a.available(self.ledger.clock()) >= need {
+                return;
+            }
+            // The background claim was too small (or late): claim our own.
+            self.refill(t, need).await;
+            return;
+        }
+        self.refill(t, need).await;
+        a.refilling.store(false, Relaxed);
+        a.refilled.notify_waiters();
     }
 
     fn key(&self, tenant: &str, minute: u64) -> String {
