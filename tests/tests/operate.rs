@@ -403,9 +403,21 @@ fn shadow_traffic_is_mirrored_for_a_sample_and_never_answers() {
             "a client got the shadow's answer"
         );
     }
-    let counts = wait_for_value(Duration::from_secs(3), || {
+    // Mirrors are sent off the client's path and may land after its answer:
+    // wait until every mirror counted at decision time reached the shadow.
+    let shadowed = || -> u64 {
+        let metrics = blocking_get(&format!("{}/metrics", lab.admin)).unwrap().1;
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("fleetroute_shadow_requests_total") && l.contains("shadow-pool")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let counts = wait_for_value(Duration::from_secs(10), || {
         let c = served_counts(&lab);
-        (c["x1"] > 0).then_some(c)
+        (c["x1"] > 0 && c["x1"] == shadowed()).then_some(c)
     })
     .unwrap_or_else(|| {
         let (_, stats) = blocking_get(&format!("{}/stats?filter=shadow", lab.envoy_admin)).unwrap();
@@ -416,7 +428,9 @@ fn shadow_traffic_is_mirrored_for_a_sample_and_never_answers() {
             .collect::<Vec<_>>()
             .join("\n");
         panic!(
-            "the shadow replica never received a mirror; decisions {d}\nEnvoy: {stats}\n{}",
+            "the shadow replica did not receive every mirror counted ({} served, {} counted); decisions {d}\nEnvoy: {stats}\n{}",
+            served_counts(&lab)["x1"],
+            shadowed(),
             lab.envoy_proc.log_tail(20)
         )
     });
@@ -426,16 +440,6 @@ fn shadow_traffic_is_mirrored_for_a_sample_and_never_answers() {
         counts["x1"]
     );
     assert_eq!(counts["e1"], 0);
-    let metrics = blocking_get(&format!("{}/metrics", lab.admin)).unwrap().1;
-    let shadowed: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("fleetroute_shadow_requests_total") && l.contains("shadow-pool"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
-    assert_eq!(
-        shadowed, counts["x1"],
-        "every sampled request mirrored, and counted apart"
-    );
     // Shadow traffic never enters the primary fleets' state: the shadow fleet
     // was never routed to, so it has no load and no predicted cache.
     let (_, snap) = blocking_get(&format!("{}/debug/snapshot", lab.admin)).unwrap();
