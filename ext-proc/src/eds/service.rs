@@ -40,16 +40,26 @@ pub struct Service {
     shared: Arc<Shared>,
     resources: watch::Receiver<Arc<Resources>>,
     streams: Arc<Semaphore>,
+    streams_max: usize,
 }
 
 impl Service {
-    /// Starts the served set's publisher; the service is cheap to clone.
+    /// Starts the served set's publisher and serves it.
     pub fn start(shared: Arc<Shared>) -> EndpointDiscoveryServiceServer<Service> {
+        Self::with_limit(shared, MAX_STREAMS)
+    }
+
+    /// The same with another bound on streams (tests).
+    pub fn with_limit(
+        shared: Arc<Shared>,
+        max_streams: usize,
+    ) -> EndpointDiscoveryServiceServer<Service> {
         let resources = resources::publish(shared.clone());
         EndpointDiscoveryServiceServer::new(Service {
             shared,
             resources,
-            streams: Arc::new(Semaphore::new(MAX_STREAMS)),
+            streams: Arc::new(Semaphore::new(max_streams)),
+            streams_max: max_streams,
         })
         .max_decoding_message_size(MAX_REQUEST_BYTES)
     }
@@ -92,7 +102,8 @@ impl EndpointDiscoveryService for Service {
         let Ok(permit) = self.streams.clone().try_acquire_owned() else {
             count(&self.shared, "refused");
             return Err(Status::resource_exhausted(format!(
-                "fleetroute serves at most {MAX_STREAMS} EDS streams at once"
+                "fleetroute serves at most {} EDS streams at once",
+                self.streams_max
             )));
         };
         let inbound = request.into_inner();
