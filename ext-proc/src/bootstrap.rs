@@ -4,9 +4,10 @@
 //! routing: `fail_open`; the `envoy:` bounds: `envoy_bounds`).
 //!
 //! Members: by default every fleet and fail-open cluster is an EDS cluster
-//! that asks fleetroute (`eds`), so Envoy's members follow fleetroute's at
-//! runtime. `static_endpoints` writes the config's `endpoints` into the file
-//! instead (STATIC clusters), for a control plane that owns EDS itself.
+//! that asks fleetroute over ADS (`eds`), so Envoy's members follow
+//! fleetroute's at runtime. `static_endpoints` writes the config's `endpoints`
+//! into the file instead (STATIC clusters, no ADS), for a control plane that
+//! owns EDS itself.
 
 use std::net::SocketAddr;
 
@@ -90,6 +91,14 @@ pub fn render(
 ) -> Result<String, String> {
     let mut doc: Value = yaml_serde::from_str(template).map_err(|e| format!("template: {e}"))?;
     *get_mut(&mut doc, &["admin", "address", "socket_address"])? = socket_address(opts.envoy_admin);
+    if opts.static_endpoints {
+        // Nothing is asked of fleetroute but routing.
+        doc.as_mapping_mut()
+            .ok_or("template: not a mapping")?
+            .remove("dynamic_resources");
+    } else {
+        get_mut(&mut doc, &["dynamic_resources", "ads_config"])?;
+    }
     envoy_bounds::overload(&mut doc, &cfg.envoy)?;
 
     let listener = get_mut(&mut doc, &["static_resources", "listeners"])?
@@ -343,12 +352,15 @@ mod tests {
         let all = clusters(&out);
         let served: Vec<&Value> = all.iter().filter(|c| c["name"] != "fleetroute").collect();
         assert_eq!(served.len(), cfg.fleets.len() + cfg.stages.len());
-        let source = &served[0]["eds_cluster_config"]["eds_config"];
+        let doc: Value = yaml_serde::from_str(&out).unwrap();
+        let ads = &doc["dynamic_resources"]["ads_config"];
         assert_eq!(
-            source["api_config_source"]["grpc_services"][0]["envoy_grpc"]["cluster_name"],
+            ads["grpc_services"][0]["envoy_grpc"]["cluster_name"],
             "fleetroute"
         );
-        assert_eq!(source["api_config_source"]["api_type"], "GRPC");
+        assert_eq!(ads["api_type"], "GRPC");
+        let source = &served[0]["eds_cluster_config"]["eds_config"];
+        assert!(source["ads"].is_mapping(), "{source:?}");
         assert!(source["initial_fetch_timeout"].as_str().is_some());
         for c in &served {
             assert_eq!(c["type"], "EDS", "{}", c["name"].as_str().unwrap());
@@ -384,6 +396,7 @@ mod tests {
         )
         .unwrap();
         assert!(!out.contains("eds_cluster_config"), "{out}");
+        assert!(!out.contains("dynamic_resources"), "{out}");
         let all = clusters(&out);
         for fleet in &cfg.fleets {
             let c = all

@@ -294,7 +294,7 @@ impl Metrics {
         );
         r.register(
             "eds_requests",
-            "EDS requests from Envoy, by result: subscribe (a stream's first), ack, nack (Envoy refused a response and kept its endpoints), stale (answers an older response), invalid (ended the stream), refused (too many streams)",
+            "EDS requests from Envoy, by result: subscribe (a stream's first), ack, nack (Envoy refused a response and kept its endpoints), stale (answers an older response), unsupported (another type on ADS, ignored), invalid (ended the stream), refused (too many streams)",
             m.eds_requests.clone(),
         );
         r.register(
@@ -302,7 +302,15 @@ impl Metrics {
             "Changes of the served endpoint set (membership, locality weights or health status of some cluster)",
             m.eds_updates.clone(),
         );
-        for result in ["subscribe", "ack", "nack", "stale", "invalid", "refused"] {
+        for result in [
+            "subscribe",
+            "ack",
+            "nack",
+            "stale",
+            "unsupported",
+            "invalid",
+            "refused",
+        ] {
             drop(m.eds_requests.get_or_create(&ResultLabel {
                 result: result.into(),
             }));

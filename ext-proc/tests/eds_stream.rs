@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
 use envoy_types::pb::envoy::config::endpoint::v3::lb_endpoint::HostIdentifier;
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_client::AggregatedDiscoveryServiceClient;
 use envoy_types::pb::envoy::service::discovery::v3::{DiscoveryRequest, DiscoveryResponse};
 use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_client::EndpointDiscoveryServiceClient;
 use envoy_types::pb::google::rpc::Status as RpcStatus;
@@ -60,10 +61,11 @@ async fn rig(max_streams: usize) -> Rig {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let service = Service::with_limit(shared.clone(), max_streams);
+    let services = Service::with_limit(shared.clone(), max_streams);
     let server = tokio::spawn(async move {
         tonic::transport::Server::builder()
-            .add_service(service)
+            .add_service(services.ads)
+            .add_service(services.eds)
             .serve_with_incoming(incoming)
             .await
             .expect("gRPC server");
@@ -109,6 +111,21 @@ impl Rig {
             .await?
             .into_inner();
         Ok(Envoy { tx, rx })
+    }
+
+    /// The same over ADS (what the rendered bootstrap uses).
+    async fn connect_ads(&self, names: &[&str]) -> Envoy {
+        let mut client = AggregatedDiscoveryServiceClient::connect(format!("http://{}", self.addr))
+            .await
+            .expect("connect");
+        let (tx, rx) = mpsc::channel(8);
+        tx.send(request(names, "", "")).await.unwrap();
+        let rx = client
+            .stream_aggregated_resources(ReceiverStream::new(rx))
+            .await
+            .expect("an ADS stream")
+            .into_inner();
+        Envoy { tx, rx }
     }
 
     /// Installs the config with `pool`'s endpoints replaced.
@@ -302,4 +319,26 @@ async fn streams_are_bounded_and_a_bad_request_ends_only_its_stream() {
     };
     assert_eq!(ports(&clusters(&c.next().await)[0]), ["9"]);
     assert_eq!(rig.shared.metrics.eds_streams.get(), 2);
+}
+
+#[tokio::test]
+async fn ads_serves_the_same_and_ignores_other_types() {
+    let mut rig = rig(8).await;
+    let mut ads = rig.connect_ads(NAMES).await;
+    let mut eds = rig.connect(NAMES).await.unwrap();
+    let (a, e) = (ads.next().await, eds.next().await);
+    assert_eq!(clusters(&a), clusters(&e));
+    assert_eq!(a.version_info, e.version_info);
+    // A cluster subscription on the aggregated stream is not served, and the
+    // stream goes on serving endpoints.
+    let mut cds = request(&[], "", "");
+    cds.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
+    ads.tx.send(cds).await.unwrap();
+    assert!(ads.quiet().await);
+    assert_eq!(rig.requests("unsupported"), 1);
+    ads.ack(NAMES, &a).await;
+    rig.set_pool(r#"["127.0.0.1:7"]"#);
+    let r = ads.next().await;
+    let pool = clusters(&r).into_iter().find(|c| c.0 == "pool").unwrap();
+    assert_eq!(ports(&pool), ["7"]);
 }

@@ -4,19 +4,25 @@
 //! topology's replicas (a draining one included, until the topology drops
 //! it), the stages' fail-open clusters their fleets' replicas by locality.
 //!
-//! Variant: state-of-the-world EDS (`EndpointDiscoveryService.StreamEndpoints`),
-//! not ADS and not delta, because for Envoy 1.40 it is the most robust fit:
-//! - It is Envoy's oldest and most exercised xDS path, and the simplest to
-//!   get right on both sides; for EDS the SotW protocol already lets the
-//!   server send only the clusters that changed, which is delta's main gain.
-//! - Envoy multiplexes every EDS cluster with the same config source onto one
-//!   gRPC stream, so one stream per Envoy, as with ADS, without ADS's
-//!   `dynamic_resources` in the bootstrap: the EDS config sits on each
-//!   cluster and nothing else in the bootstrap changes. ADS's ordering across
-//!   resource types buys nothing here: the clusters themselves are static.
-//! - Delta adds per-resource subscription bookkeeping on both sides that a
-//!   few dozen small assignments do not need, and Envoy's delta EDS has had
-//!   more churn across releases.
+//! Variant: state-of-the-world over ADS (`AggregatedDiscoveryService.
+//! StreamAggregatedResources`, endpoints only), because for Envoy 1.40 it is
+//! the most robust fit:
+//! - One stream per Envoy. With a plain EDS `api_config_source` Envoy 1.40
+//!   opens one stream per cluster (measured: three clusters, three streams),
+//!   so a fleetroute restart would resync each cluster on its own backoff;
+//!   over ADS every cluster's members come back in the first response of one
+//!   stream, and a change that touches a fleet and its stages' fail-open
+//!   clusters arrives as one response.
+//! - State of the world is Envoy's oldest and most exercised xDS path (what
+//!   service meshes ran on for years); for endpoints it already lets the
+//!   server send only the clusters that changed, which is delta's main gain,
+//!   while delta adds per-resource subscription bookkeeping on both sides
+//!   that a few dozen small assignments do not need.
+//! - ADS's ordering across types buys nothing here (clusters, listeners and
+//!   routes stay static in the bootstrap), and costs only `dynamic_resources.
+//!   ads_config` in it. Plain EDS (`EndpointDiscoveryService.StreamEndpoints`)
+//!   is served too, from the same streams' code, for a bootstrap that points
+//!   clusters at fleetroute with an `api_config_source` (one stream each).
 //!
 //! Versions are hashes of content (`resources`): a cluster's changes only
 //! when its members, locality weights or health statuses do, so restarts and

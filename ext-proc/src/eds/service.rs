@@ -1,5 +1,9 @@
-//! The gRPC side of EDS: one task per stream reads Envoy's requests and the
-//! served set's changes, and writes what `protocol::Stream` says to send.
+//! The gRPC side: one task per stream reads Envoy's requests and the served
+//! set's changes, and writes what `protocol::Stream` says to send. The same
+//! streams are served as ADS (`AggregatedDiscoveryService`, what the rendered
+//! bootstrap uses: one stream per Envoy) and as plain EDS
+//! (`EndpointDiscoveryService`: one stream per cluster, as Envoy 1.40 opens
+//! them for an `api_config_source`).
 //!
 //! Bounds: at most `MAX_STREAMS` streams at once (more are refused with
 //! RESOURCE_EXHAUSTED; Envoy retries with backoff); a request of at most
@@ -13,6 +17,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
 use envoy_types::pb::envoy::service::discovery::v3::{
     DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
 };
@@ -24,7 +31,7 @@ use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
-use super::protocol::{Request, Stream};
+use super::protocol::{Refused, Request, Stream};
 use super::resources::{self, Resources};
 use crate::metrics::ResultLabel;
 use crate::state::Shared;
@@ -43,26 +50,65 @@ pub struct Service {
     streams_max: usize,
 }
 
+/// The two gRPC services over one `Service` (one stream bound for both).
+pub struct Servers {
+    pub ads: AggregatedDiscoveryServiceServer<Service>,
+    pub eds: EndpointDiscoveryServiceServer<Service>,
+}
+
 impl Service {
     /// Starts the served set's publisher and serves it.
-    pub fn start(shared: Arc<Shared>) -> EndpointDiscoveryServiceServer<Service> {
+    pub fn start(shared: Arc<Shared>) -> Servers {
         Self::with_limit(shared, MAX_STREAMS)
     }
 
     /// The same with another bound on streams (tests).
-    pub fn with_limit(
-        shared: Arc<Shared>,
-        max_streams: usize,
-    ) -> EndpointDiscoveryServiceServer<Service> {
+    pub fn with_limit(shared: Arc<Shared>, max_streams: usize) -> Servers {
         let resources = resources::publish(shared.clone());
-        EndpointDiscoveryServiceServer::new(Service {
+        let service = Arc::new(Service {
             shared,
             resources,
             streams: Arc::new(Semaphore::new(max_streams)),
             streams_max: max_streams,
-        })
-        .max_decoding_message_size(MAX_REQUEST_BYTES)
+        });
+        Servers {
+            ads: AggregatedDiscoveryServiceServer::from_arc(service.clone())
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            eds: EndpointDiscoveryServiceServer::from_arc(service)
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        }
     }
+
+    /// Takes a place for a new stream and serves it on a task.
+    fn open(&self, inbound: Streaming<DiscoveryRequest>, kind: Kind) -> Result<Out, Status> {
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            count(&self.shared, "refused");
+            return Err(Status::resource_exhausted(format!(
+                "fleetroute serves at most {} EDS streams at once",
+                self.streams_max
+            )));
+        };
+        let (tx, rx) = mpsc::channel(QUEUED);
+        let shared = self.shared.clone();
+        let resources = self.resources.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            shared.metrics.eds_streams.inc();
+            serve_stream(&shared, inbound, resources, tx, kind).await;
+            shared.metrics.eds_streams.dec();
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
+
+/// Which service a stream came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Aggregated: Envoy may ask for other types on it too (a bootstrap whose
+    /// CDS or LDS also points here); those are not served, and ignored.
+    Ads,
+    /// Endpoints only: anything else ends the stream.
+    Eds,
 }
 
 fn count(shared: &Shared, result: &str) {
@@ -99,24 +145,8 @@ impl EndpointDiscoveryService for Service {
         &self,
         request: GrpcRequest<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Out>, Status> {
-        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
-            count(&self.shared, "refused");
-            return Err(Status::resource_exhausted(format!(
-                "fleetroute serves at most {} EDS streams at once",
-                self.streams_max
-            )));
-        };
-        let inbound = request.into_inner();
-        let (tx, rx) = mpsc::channel(QUEUED);
-        let shared = self.shared.clone();
-        let resources = self.resources.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            shared.metrics.eds_streams.inc();
-            serve_stream(&shared, inbound, resources, tx).await;
-            shared.metrics.eds_streams.dec();
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as Out))
+        self.open(request.into_inner(), Kind::Eds)
+            .map(Response::new)
     }
 
     async fn delta_endpoints(
@@ -148,15 +178,40 @@ impl EndpointDiscoveryService for Service {
     }
 }
 
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Service {
+    type StreamAggregatedResourcesStream = Out;
+    type DeltaAggregatedResourcesStream = DeltaOut;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: GrpcRequest<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Out>, Status> {
+        self.open(request.into_inner(), Kind::Ads)
+            .map(Response::new)
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: GrpcRequest<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaOut>, Status> {
+        Err(Status::unimplemented(
+            "fleetroute serves state-of-the-world ADS (StreamAggregatedResources): set api_type GRPC, not DELTA_GRPC",
+        ))
+    }
+}
+
 async fn serve_stream(
     shared: &Shared,
     mut inbound: Streaming<DiscoveryRequest>,
     mut resources: watch::Receiver<Arc<Resources>>,
     tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    kind: Kind,
 ) {
     let mut stream = Stream::default();
     let mut who = String::new();
     let mut started = false;
+    let mut warned = false;
     loop {
         let current = tokio::select! {
             msg = inbound.message() => {
@@ -178,6 +233,13 @@ async fn serve_stream(
                     Ok(Request::Ack) => count(shared, "ack"),
                     Ok(Request::Subscribe) => count(shared, "subscribe"),
                     Ok(Request::Stale) => count(shared, "stale"),
+                    Err(Refused::WrongType(t)) if kind == Kind::Ads => {
+                        count(shared, "unsupported");
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(node = %who, "ADS request for {t} ignored: fleetroute serves only endpoints (point only eds_config at it)");
+                        }
+                        continue;
+                    }
                     Err(e) => {
                         count(shared, "invalid");
                         tracing::warn!(node = %who, "EDS stream ended: {e}");
