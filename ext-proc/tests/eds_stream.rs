@@ -342,3 +342,24 @@ async fn ads_serves_the_same_and_ignores_other_types() {
     let pool = clusters(&r).into_iter().find(|c| c.0 == "pool").unwrap();
     assert_eq!(ports(&pool), ["7"]);
 }
+
+#[tokio::test]
+async fn a_one_shot_fetch_answers_the_current_assignments() {
+    let rig = rig(8).await;
+    let mut client = EndpointDiscoveryServiceClient::connect(format!("http://{}", rig.addr))
+        .await
+        .expect("connect");
+    let r = client
+        .fetch_endpoints(request(&["spare", "nope"], "", ""))
+        .await
+        .expect("a fetch")
+        .into_inner();
+    let got = clusters(&r);
+    assert_eq!(got.len(), 2);
+    assert_eq!(ports(&got[1]), ["9"]);
+    assert!(got[0].1.is_empty(), "unknown: empty");
+    let mut bad = request(&["spare"], "", "");
+    bad.type_url = "nope".into();
+    let err = client.fetch_endpoints(bad).await.expect_err("a wrong type");
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
