@@ -33,6 +33,12 @@
 //! `endpoint_stale_after`), fail-open keeps serving them, and on reconnecting
 //! Envoy gets every subscribed cluster in the first response of the new
 //! stream.
+//!
+//! The topology is served as it is: a fleet without members is served empty,
+//! and Envoy drops its hosts. Today members come from the config, complete at
+//! start. A membership source that answers only after start (DNS, Kubernetes)
+//! must therefore not reach the topology as an empty fleet before its first
+//! answer, or a restarted fleetroute would empty Envoy's clusters until then.
 
 pub mod assignment;
 pub mod protocol;

@@ -36,7 +36,8 @@ use super::resources::{self, Resources};
 use crate::metrics::ResultLabel;
 use crate::state::Shared;
 
-/// Streams served at once: each Envoy opens one per EDS config source.
+/// Streams served at once: one per Envoy over ADS (the rendered bootstrap),
+/// one per cluster over plain EDS.
 pub const MAX_STREAMS: usize = 1024;
 /// A request's encoded size (its cluster names, mostly).
 pub const MAX_REQUEST_BYTES: usize = 1 << 20;
