@@ -4,7 +4,9 @@
 //! succeed and a steady load through grow and shrink fails no request;
 //! Envoy keeps its members while fleetroute is down (fail-open serves them)
 //! and gets the full current set when fleetroute is back; an Envoy started
-//! before fleetroute waits out its initial fetch timeout, then catches up.
+//! before fleetroute waits out its initial fetch timeout, then catches up;
+//! the `--static-endpoints` rendering serves the config's members with no
+//! EDS stream at all.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -502,4 +504,30 @@ fn a_draining_replica_stays_listed_as_draining_and_finishes_its_stream() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
     assert_ne!(r.served_by(), name, "a draining replica took a new request");
+}
+
+#[test]
+fn the_static_rendering_serves_the_config_members_without_eds() {
+    let lab = Lab::start(
+        ENGINE,
+        LabSpec {
+            router: ROUTER,
+            engine_args: FAST_ENGINES,
+            static_endpoints: true,
+            ..Default::default()
+        },
+    );
+    wait_agreement(&lab, "static clusters");
+    let r = post(
+        &chat_url(&lab),
+        chat_body("m1", Some("static"), "hi", false),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(lab.decision(r.header("x-request-id").unwrap()).is_some());
+    let metrics = blocking_get(&format!("{}/metrics", lab.admin)).unwrap().1;
+    assert!(
+        metrics.lines().any(|l| l == "fleetroute_eds_streams 0"),
+        "a static bootstrap opened an EDS stream"
+    );
 }

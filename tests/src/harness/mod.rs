@@ -58,6 +58,8 @@ pub struct LabSpec<'a> {
     pub envoy_workers: Option<u32>,
     /// Changes the rendered Envoy bootstrap (a deployment variant).
     pub envoy_edit: Option<fn(&str) -> String>,
+    /// Render the bootstrap with `--static-endpoints` (no EDS).
+    pub static_endpoints: bool,
 }
 
 pub struct Lab {
@@ -160,6 +162,9 @@ impl Lab {
             ]);
         if spec.fail_closed {
             bootstrap.arg("--fail-closed");
+        }
+        if spec.static_endpoints {
+            bootstrap.arg("--static-endpoints");
         }
         let out = bootstrap.output().expect("fleetroute bootstrap");
         assert!(
