@@ -172,10 +172,11 @@ start_router() {
         --admin "127.0.0.1:$fr_admin" --envoy-admin "127.0.0.1:$envoy_admin" \
         > "$out/fleetroute.log" 2>&1 &
       pids+=($!)
+      # Envoy asks fleetroute for the fleets' members (EDS): start it after.
+      wait_for fleetroute "http://127.0.0.1:$fr_admin/ready"
       envoy -c "$out/envoy.yaml" --concurrency 1 --log-level warn \
         --base-id "$BASE_PORT" > "$out/envoy.log" 2>&1 &
       pids+=($!)
-      wait_for fleetroute "http://127.0.0.1:$fr_admin/ready"
       wait_for envoy "http://127.0.0.1:$envoy_admin/ready"
       target="http://127.0.0.1:$router_port"
       ;;

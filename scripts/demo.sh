@@ -40,8 +40,6 @@ pids+=($!)
 "$bin/fleetroute" bootstrap --config envoy-config/router.yaml --wasm "$wasm" > "$run/envoy.yaml"
 RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config envoy-config/router.yaml --envoy-admin 127.0.0.1:9901 > "$run/fleetroute.log" 2>&1 &
 pids+=($!)
-envoy -c "$run/envoy.yaml" --log-level warn > "$run/envoy.log" 2>&1 &
-pids+=($!)
 
 wait_for() {
   for _ in $(seq 1 100); do
@@ -53,6 +51,10 @@ wait_for() {
 }
 wait_for "engines" http://127.0.0.1:8300/replicas
 wait_for "fleetroute" http://127.0.0.1:9190/ready
+# Envoy asks fleetroute for the fleets' members (EDS) as it starts: start it
+# once fleetroute answers, or it waits up to 10 s with its listener closed.
+envoy -c "$run/envoy.yaml" --log-level warn > "$run/envoy.log" 2>&1 &
+pids+=($!)
 wait_for "envoy" http://127.0.0.1:9901/ready
 
 sample='{"model":"demo-model","user":"alice","messages":[{"role":"user","content":"Say hello"}],"max_tokens":8}'

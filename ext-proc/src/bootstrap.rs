@@ -1,7 +1,13 @@
 //! `fleetroute bootstrap`: renders an Envoy bootstrap for a router config from
-//! the commented template in `envoy-config/envoy.yaml`, so the fleet clusters,
-//! their members and the fail-open routes always match the router config
-//! (fail-open routing: `fail_open`; the `envoy:` bounds: `envoy_bounds`).
+//! the commented template in `envoy-config/envoy.yaml`, so the fleet clusters
+//! and the fail-open routes always match the router config (fail-open
+//! routing: `fail_open`; the `envoy:` bounds: `envoy_bounds`).
+//!
+//! Members: by default every fleet and fail-open cluster is an EDS cluster
+//! that asks fleetroute over ADS (`eds`), so Envoy's members follow
+//! fleetroute's at runtime. `static_endpoints` writes the config's `endpoints`
+//! into the file instead (STATIC clusters, no ADS), for a control plane that
+//! owns EDS itself.
 
 use std::net::SocketAddr;
 
@@ -23,6 +29,9 @@ pub struct BootstrapOptions {
     /// Answer a JSON 503 when fleetroute is unreachable, instead of the
     /// fail-open fallback routes.
     pub fail_closed: bool,
+    /// List the config's endpoints in the file (STATIC clusters) instead of
+    /// serving them by EDS.
+    pub static_endpoints: bool,
 }
 
 fn key(k: &str) -> Value {
@@ -46,6 +55,23 @@ fn socket_address(addr: SocketAddr) -> Value {
     Value::Mapping(m)
 }
 
+/// Turns a template EDS cluster into a STATIC one listing `endpoints`
+/// (`load_assignment.endpoints`).
+fn to_static(c: &mut Value, name: &str, endpoints: Value) -> Result<(), String> {
+    let m = c
+        .as_mapping_mut()
+        .ok_or("template: a cluster is not a mapping")?;
+    m.insert(key("type"), key("STATIC"));
+    m.remove("eds_cluster_config");
+    // Only EDS removes hosts.
+    m.remove("ignore_health_on_host_removal");
+    let mut la = Mapping::new();
+    la.insert(key("cluster_name"), key(name));
+    la.insert(key("endpoints"), endpoints);
+    m.insert(key("load_assignment"), Value::Mapping(la));
+    Ok(())
+}
+
 fn endpoint(addr: &str) -> Result<Value, String> {
     let addr: SocketAddr = addr
         .parse()
@@ -65,6 +91,14 @@ pub fn render(
 ) -> Result<String, String> {
     let mut doc: Value = yaml_serde::from_str(template).map_err(|e| format!("template: {e}"))?;
     *get_mut(&mut doc, &["admin", "address", "socket_address"])? = socket_address(opts.envoy_admin);
+    if opts.static_endpoints {
+        // Nothing is asked of fleetroute but routing.
+        doc.as_mapping_mut()
+            .ok_or("template: not a mapping")?
+            .remove("dynamic_resources");
+    } else {
+        get_mut(&mut doc, &["dynamic_resources", "ads_config"])?;
+    }
     envoy_bounds::overload(&mut doc, &cfg.envoy)?;
 
     let listener = get_mut(&mut doc, &["static_resources", "listeners"])?
@@ -127,6 +161,13 @@ pub fn render(
         .find(|c| is_fallback(c))
         .cloned()
         .ok_or("template: no fail-open cluster to copy")?;
+    for (what, c) in [("fleet", &prototype), ("fail-open", &fallback)] {
+        if c.get("eds_cluster_config").is_none() {
+            return Err(format!(
+                "template: the {what} cluster to copy has no eds_cluster_config"
+            ));
+        }
+    }
     let mut out: Vec<Value> = clusters
         .iter()
         .filter(|c| c.get("load_balancing_policy").is_none())
@@ -146,18 +187,27 @@ pub fn render(
     for fleet in &cfg.fleets {
         let mut c = prototype.clone();
         *get_mut(&mut c, &["name"])? = key(&fleet.name);
-        *get_mut(&mut c, &["load_assignment", "cluster_name"])? = key(&fleet.name);
-        let lb: Result<Vec<Value>, String> = fleet.endpoints.iter().map(|e| endpoint(e)).collect();
-        let mut group = Mapping::new();
-        group.insert(key("lb_endpoints"), Value::Sequence(lb?));
-        *get_mut(&mut c, &["load_assignment", "endpoints"])? =
-            Value::Sequence(vec![Value::Mapping(group)]);
+        if opts.static_endpoints {
+            let lb: Result<Vec<Value>, String> =
+                fleet.endpoints.iter().map(|e| endpoint(e)).collect();
+            let mut group = Mapping::new();
+            group.insert(key("lb_endpoints"), Value::Sequence(lb?));
+            to_static(
+                &mut c,
+                &fleet.name,
+                Value::Sequence(vec![Value::Mapping(group)]),
+            )?;
+        }
         envoy_bounds::fleet_cluster(&mut c, cfg)?;
         out.push(c);
     }
     for stage in &cfg.stages {
         let mut c = fallback.clone();
         envoy_bounds::fallback_cluster(&mut c, cfg, stage)?;
+        if opts.static_endpoints {
+            let name = fail_open::cluster_name(&stage.name);
+            to_static(&mut c, &name, fail_open::endpoints(cfg, stage)?)?;
+        }
         out.push(c);
     }
     *clusters = out;
@@ -178,6 +228,7 @@ mod tests {
             grpc: crate::listen::GRPC.parse().unwrap(),
             wasm: "/etc/fleetroute/fleetroute_filter.wasm".into(),
             fail_closed: false,
+            static_endpoints: false,
         }
     }
 
@@ -282,5 +333,93 @@ mod tests {
         .unwrap();
         assert_eq!(out.matches("failure_mode_allow: false").count(), 1);
         assert_eq!(out.matches("failure_mode_allow: true").count(), 0);
+    }
+
+    fn clusters(out: &str) -> Vec<Value> {
+        let doc: Value = yaml_serde::from_str(out).unwrap();
+        doc["static_resources"]["clusters"]
+            .as_sequence()
+            .unwrap()
+            .clone()
+    }
+
+    /// By default every fleet and fail-open cluster asks fleetroute for its
+    /// members, all through one config source (one stream per Envoy).
+    #[test]
+    fn fleet_and_fail_open_clusters_are_served_by_fleetroute() {
+        let cfg = RouterConfig::parse(ROUTER).unwrap();
+        let out = render(TEMPLATE, &cfg, &opts()).unwrap();
+        let all = clusters(&out);
+        let served: Vec<&Value> = all.iter().filter(|c| c["name"] != "fleetroute").collect();
+        assert_eq!(served.len(), cfg.fleets.len() + cfg.stages.len());
+        let doc: Value = yaml_serde::from_str(&out).unwrap();
+        let ads = &doc["dynamic_resources"]["ads_config"];
+        assert_eq!(
+            ads["grpc_services"][0]["envoy_grpc"]["cluster_name"],
+            "fleetroute"
+        );
+        assert_eq!(ads["api_type"], "GRPC");
+        let source = &served[0]["eds_cluster_config"]["eds_config"];
+        assert!(source["ads"].is_mapping(), "{source:?}");
+        assert!(source["initial_fetch_timeout"].as_str().is_some());
+        for c in &served {
+            assert_eq!(c["type"], "EDS", "{}", c["name"].as_str().unwrap());
+            assert!(c.get("load_assignment").is_none());
+            assert_eq!(&c["eds_cluster_config"]["eds_config"], source);
+            let fallback = c["name"]
+                .as_str()
+                .unwrap()
+                .starts_with(fail_open::CLUSTER_PREFIX);
+            assert_eq!(
+                c["ignore_health_on_host_removal"].as_bool() == Some(true),
+                fallback
+            );
+            assert_eq!(c.get("health_checks").is_some(), fallback);
+            assert_eq!(c.get("outlier_detection").is_some(), fallback);
+            assert!(c["circuit_breakers"]["thresholds"][0]["retry_budget"].is_mapping());
+        }
+        assert!(out.contains("override_host"));
+        assert!(out.contains("node:"), "EDS needs a node identity");
+    }
+
+    /// `--static-endpoints`: the config's members in the file, nothing asked.
+    #[test]
+    fn static_endpoints_list_the_config_members() {
+        let cfg = RouterConfig::parse(ROUTER).unwrap();
+        let out = render(
+            TEMPLATE,
+            &cfg,
+            &BootstrapOptions {
+                static_endpoints: true,
+                ..opts()
+            },
+        )
+        .unwrap();
+        assert!(!out.contains("eds_cluster_config"), "{out}");
+        assert!(!out.contains("dynamic_resources"), "{out}");
+        let all = clusters(&out);
+        for fleet in &cfg.fleets {
+            let c = all
+                .iter()
+                .find(|c| c["name"] == fleet.name.as_str())
+                .unwrap();
+            assert_eq!(c["type"], "STATIC");
+            assert_eq!(c["load_assignment"]["cluster_name"], fleet.name.as_str());
+            let eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+                .as_sequence()
+                .unwrap();
+            assert_eq!(eps.len(), fleet.endpoints.len());
+        }
+        for stage in &cfg.stages {
+            let name = fail_open::cluster_name(&stage.name);
+            let c = all.iter().find(|c| c["name"] == name.as_str()).unwrap();
+            assert_eq!(c["type"], "STATIC");
+            assert_eq!(
+                c["load_assignment"]["endpoints"],
+                fail_open::endpoints(&cfg, stage).unwrap()
+            );
+            assert!(c.get("health_checks").is_some());
+            assert!(c.get("ignore_health_on_host_removal").is_none());
+        }
     }
 }

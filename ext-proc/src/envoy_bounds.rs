@@ -122,21 +122,15 @@ pub fn fleet_cluster(c: &mut Value, cfg: &RouterConfig) -> Result<(), String> {
     retry_budget(c, &cfg.envoy)
 }
 
-/// A stage's fail-open cluster: its members, health checks, outlier
-/// detection and retry budget.
+/// A stage's fail-open cluster: its name, health checks, outlier detection
+/// and retry budget (its members: `bootstrap`).
 pub fn fallback_cluster(
     c: &mut Value,
     cfg: &RouterConfig,
     stage: &StageConfig,
 ) -> Result<(), String> {
     let name = Value::String(fail_open::cluster_name(&stage.name));
-    set(c, &["name"], name.clone())?;
-    set(c, &["load_assignment", "cluster_name"], name)?;
-    set(
-        c,
-        &["load_assignment", "endpoints"],
-        fail_open::endpoints(cfg, stage)?,
-    )?;
+    set(c, &["name"], name)?;
     let hc = &cfg.health_check;
     let h = at(c, &["health_checks", "0"])?;
     set(h, &["timeout"], duration(hc.timeout_ms))?;

@@ -44,12 +44,18 @@ pub struct Locality {
 /// one priority level per fleet; `latency` and `cost` have no fixed
 /// proportions, so traffic is spread by replica count.
 pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
-    let replicas = |name: &str| {
+    plan_with(stage, |name| {
         cfg.fleets
             .iter()
             .find(|f| f.name == name)
             .map_or(0, |f| f.endpoints.len())
-    };
+    })
+}
+
+/// The same for any membership: `replicas` counts a fleet's members (the
+/// config's `endpoints` for a static bootstrap, the running topology's for
+/// the endpoints fleetroute serves by EDS).
+pub fn plan_with(stage: &StageConfig, replicas: impl Fn(&str) -> usize) -> Vec<Locality> {
     let r = &stage.routing;
     let mut out = Vec::new();
     match r.policy() {
@@ -87,6 +93,14 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
     }
     // A fleet without replicas has nothing to offer.
     out.retain(|l| replicas(&l.fleet) > 0);
+    // Envoy's priorities count from 0 without gaps: renumber what is left
+    // (a fleet scaled to zero at runtime must not leave level 0 empty).
+    let mut levels: Vec<u32> = out.iter().map(|l| l.priority).collect();
+    levels.sort_unstable();
+    levels.dedup();
+    for l in &mut out {
+        l.priority = levels.partition_point(|&p| p < l.priority) as u32;
+    }
     out
 }
 
@@ -275,6 +289,15 @@ stages:
             localities(&c, 0),
             vec![l("c", 0, 1), l("a", 1, 1), l("b", 2, 1)]
         );
+    }
+
+    #[test]
+    fn priorities_stay_dense_when_a_fleet_has_no_replicas() {
+        let c = cfg(
+            "{ policy: priority, order: [empty, c, a] }",
+            "[a, c, empty]",
+        );
+        assert_eq!(localities(&c, 0), vec![l("c", 0, 1), l("a", 1, 1)]);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod bootstrap;
 pub mod cli;
 pub mod config;
 pub mod decision_trace;
+pub mod eds;
 pub mod envoy_bounds;
 pub mod fail_open;
 pub mod listen;

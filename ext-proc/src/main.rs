@@ -94,6 +94,11 @@ enum Command {
         /// Answer a JSON 503 when fleetroute is unreachable instead of failing open.
         #[arg(long)]
         fail_closed: bool,
+        /// Write the config's endpoints into the file (STATIC clusters)
+        /// instead of having Envoy ask fleetroute for them (EDS): for a
+        /// control plane that owns EDS itself (Istio).
+        #[arg(long)]
+        static_endpoints: bool,
     },
     /// A stage's routing: policy, weights, fleets, replica states, desired replicas.
     Endpoint {
@@ -221,6 +226,7 @@ fn main() -> ExitCode {
             envoy_admin,
             grpc,
             fail_closed,
+            static_endpoints,
         } => local::bootstrap(
             &config,
             &wasm,
@@ -230,6 +236,7 @@ fn main() -> ExitCode {
                 grpc,
                 wasm: String::new(),
                 fail_closed,
+                static_endpoints,
             },
         ),
         Command::Serve {

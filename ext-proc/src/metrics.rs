@@ -121,6 +121,9 @@ pub struct Metrics {
     pub leases_released: Family<ResultLabel, Counter>,
     pub leases_held: Gauge,
     pub envoy_access_log: Family<ResultLabel, Gauge>,
+    pub eds_streams: Gauge,
+    pub eds_requests: Family<ResultLabel, Counter>,
+    pub eds_updates: Counter,
 }
 
 impl Default for Metrics {
@@ -158,6 +161,9 @@ impl Metrics {
             leases_released: Family::default(),
             leases_held: Gauge::default(),
             envoy_access_log: Family::default(),
+            eds_streams: Gauge::default(),
+            eds_requests: Family::default(),
+            eds_updates: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -281,6 +287,34 @@ impl Metrics {
             "Envoy's own access log counters, scraped from its admin /stats (logs_written, logs_dropped), when --envoy-admin is set",
             m.envoy_access_log.clone(),
         );
+        r.register(
+            "eds_streams",
+            "EDS streams open (one per Envoy and config source)",
+            m.eds_streams.clone(),
+        );
+        r.register(
+            "eds_requests",
+            "EDS requests from Envoy, by result: subscribe (a stream's first), ack, nack (Envoy refused a response and kept its endpoints), stale (answers an older response), unsupported (another type on ADS, ignored), invalid (ended the stream), refused (too many streams)",
+            m.eds_requests.clone(),
+        );
+        r.register(
+            "eds_updates",
+            "Changes of the served endpoint set (membership, locality weights or health status of some cluster)",
+            m.eds_updates.clone(),
+        );
+        for result in [
+            "subscribe",
+            "ack",
+            "nack",
+            "stale",
+            "unsupported",
+            "invalid",
+            "refused",
+        ] {
+            drop(m.eds_requests.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
         for result in ["observed", "untagged", "late"] {
             drop(m.access_log_entries.get_or_create(&ResultLabel {
                 result: result.into(),

@@ -1,5 +1,6 @@
 //! Starting the service: the writer, health checks, engine scrapes, config
-//! reloads (file change, SIGHUP), and the gRPC and admin listeners.
+//! reloads (file change, SIGHUP), and the gRPC listener (ext_proc, access
+//! log, EDS) and admin listener.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -82,9 +83,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     // Replies are small and latency-bound: no Nagle delay on the accepted
     // connections (the builder's nodelay only applies to listeners it binds).
     let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
+    let discovery = crate::eds::Service::start(shared.clone());
     tonic::transport::Server::builder()
+        // An Envoy that vanished without closing its connection would keep
+        // its EDS stream (and access log streams) open: ping, and drop the
+        // connection when pings go unanswered.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .add_service(ExternalProcessorServer::new(Service::new(shared.clone())))
         .add_service(AccessLogServiceServer::new(LogService::new(shared)))
+        .add_service(discovery.ads)
+        .add_service(discovery.eds)
         .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;

@@ -22,6 +22,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("state", 3),
     ("route", 4),
     ("observe", 6),
+    ("eds", 6),
     ("decision_trace", 5),
     ("stream", 6),
     ("serve", 7),

@@ -57,6 +57,43 @@ fn every_envoy_yaml_validates() {
     }
 }
 
+/// What `fleetroute bootstrap` renders for the shipped router config, with
+/// members by EDS (the default) and in the file (`--static-endpoints`),
+/// failing open and closed.
+#[test]
+fn every_bootstrap_rendering_validates() {
+    let bins = Binaries::locate(ENGINE);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    for flags in [
+        &[][..],
+        &["--static-endpoints"],
+        &["--fail-closed"],
+        &["--static-endpoints", "--fail-closed"],
+    ] {
+        let out = Command::new(&bins.fleetroute)
+            .args(["bootstrap", "--config"])
+            .arg(root.join("envoy-config/router.yaml"))
+            .arg("--wasm")
+            .arg(&bins.wasm)
+            .args(flags)
+            .output()
+            .expect("fleetroute bootstrap");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            text.contains("eds_cluster_config"),
+            !flags.contains(&"--static-endpoints"),
+            "{flags:?}"
+        );
+        let (ok, log) = validate(&text, &format!("bootstrap {flags:?}"));
+        assert!(ok, "bootstrap {flags:?} does not validate:\n{log}");
+    }
+}
+
 /// The filter refuses a bad plugin configuration, naming the field, and
 /// Envoy refuses to start with it.
 #[test]

@@ -38,10 +38,11 @@ fn router(engine_ms: u64, lease_min_ms: u64, lease_max_ms: u64) -> String {
 fn log_service_down(yaml: &str) -> String {
     let at = yaml.find("access_log:").expect("an access_log block");
     let name = "cluster_name: fleetroute";
-    let first = yaml.find(name).expect("the access log's cluster");
+    // The first reference after `access_log:` (ADS names it earlier).
+    let first = at + yaml[at..].find(name).expect("the access log's cluster");
     assert!(
-        first > at && first < yaml.find("http_filters:").unwrap(),
-        "the first fleetroute cluster reference is the access log's"
+        first < yaml.find("http_filters:").unwrap(),
+        "the first fleetroute cluster reference after access_log: is the access log's"
     );
     format!(
         "{}cluster_name: pool{}",

@@ -20,6 +20,9 @@
 //! - The snapshot pointer (`ArcSwap`): only the writer stores it.
 //! - The decision log (a mutex): only the writer appends; the admin API reads.
 //! - `metrics::Metrics` (counters): each task counts its own events.
+//! - The replica view notification (a `watch`): only the writer bumps it,
+//!   when a snapshot it publishes has a new topology or a replica whose
+//!   state flipped; the EDS server waits on it.
 //!
 //! Nothing else is shared: every other change goes to the writer as an
 //! `Event` and is applied in its order.
@@ -53,7 +56,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Serialize;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::topology::load::RequestGuard;
 pub use changes::{Change, ChangeError};
@@ -86,7 +89,7 @@ pub struct Snapshot {
     pub failed_keys: Arc<failed_keys::FailedKeys>,
 }
 
-#[derive(Clone, Copy, Debug, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct ReplicaState {
     pub health: Health,
     /// Passed the stage's golden prompts since it last (re)joined.
@@ -206,6 +209,9 @@ pub struct Shared {
     /// Recent decisions for `/debug/decisions`; only the writer appends.
     decisions: Mutex<DecisionLog>,
     pub metrics: Metrics,
+    /// Bumped by the writer whenever it publishes a snapshot whose topology
+    /// (the members) or any replica's state differs from the one before.
+    replica_view: watch::Sender<u64>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -243,6 +249,13 @@ impl Shared {
             .await
             .map_err(|_| ChangeError::Stopped)?;
         rx.await.map_err(|_| ChangeError::Stopped)?
+    }
+
+    /// Wakes when the replicas change: a new topology installed (a reload,
+    /// an admin edit; later, a membership source) or a replica's state
+    /// flipped. Read the snapshot after waking; changes in between coalesce.
+    pub fn watch_replicas(&self) -> watch::Receiver<u64> {
+        self.replica_view.subscribe()
     }
 
     pub fn events(&self) -> mpsc::Sender<Event> {

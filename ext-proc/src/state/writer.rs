@@ -61,6 +61,7 @@ impl Writer {
             leases: Leases::new(metrics.leases_released.clone()),
             decisions: Mutex::default(),
             metrics,
+            replica_view: tokio::sync::watch::Sender::new(0),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -271,7 +272,11 @@ impl Writer {
                 &self.failed_keys,
                 now,
             );
-            self.shared.snapshot.store(Arc::new(snap));
+            let old = self.shared.snapshot.swap(Arc::new(snap));
+            let new = self.shared.snapshot.load();
+            if old.topo.generation != new.topo.generation || old.replicas != new.replicas {
+                self.shared.replica_view.send_modify(|v| *v += 1);
+            }
         }
     }
 }
@@ -346,5 +351,45 @@ mod tests {
         let a8 = keys.avoid(8, 1).expect("key 8 remembered");
         assert_eq!((a8.fleet, a8.mask), (FleetId(1), 0b01));
         assert!(keys.avoid(9, 1).is_none());
+    }
+
+    #[test]
+    fn the_replica_view_moves_with_members_and_state_flips_only() {
+        let one = "fleets:\n  - { name: a, region: us, endpoints: [\"10.0.0.1:1\"] }\n\
+                   stages: [{ name: s, models: [m], fleets: [a] }]\n";
+        let (shared, mut w) = Writer::new(&RouterConfig::parse_valid(one).unwrap());
+        let mut view = shared.watch_replicas();
+        let now = Instant::now();
+        w.tick(now);
+        assert!(!view.has_changed().unwrap(), "a tick changed nothing");
+        let healthy = |generation| Event::Health {
+            generation,
+            fleet: FleetId(0),
+            replica: ReplicaId(0),
+            ok: true,
+        };
+        w.apply(healthy(1), now);
+        w.drain(now);
+        assert!(view.has_changed().unwrap(), "a replica turned healthy");
+        view.mark_unchanged();
+        w.apply(healthy(1), now);
+        w.tick(now);
+        assert!(
+            !view.has_changed().unwrap(),
+            "still healthy: nothing flipped"
+        );
+        let two = one.replace("[\"10.0.0.1:1\"]", "[\"10.0.0.1:1\", \"10.0.0.2:1\"]");
+        w.apply(
+            Event::Change {
+                change: Box::new(crate::state::Change::Reload {
+                    config: Box::new(RouterConfig::parse_valid(&two).unwrap()),
+                    source: "test".into(),
+                }),
+                reply: None,
+            },
+            now,
+        );
+        assert!(view.has_changed().unwrap(), "a new member");
+        assert_eq!(shared.snapshot().topo.fleets[0].replicas.len(), 2);
     }
 }

@@ -58,6 +58,8 @@ pub struct LabSpec<'a> {
     pub envoy_workers: Option<u32>,
     /// Changes the rendered Envoy bootstrap (a deployment variant).
     pub envoy_edit: Option<fn(&str) -> String>,
+    /// Render the bootstrap with `--static-endpoints` (no EDS).
+    pub static_endpoints: bool,
 }
 
 pub struct Lab {
@@ -71,10 +73,21 @@ pub struct Lab {
     pub bins: Binaries,
     grpc: String,
     admin_token: Option<String>,
+    engine_args: Vec<String>,
+    envoy_yaml: PathBuf,
+    envoy_workers: u32,
     pub fleetroute: Proc,
     pub envoy_proc: Proc,
     pub engine: Proc,
     _dir: tempfile::TempDir,
+}
+
+/// Simulated replicas started after the lab, in their own engine process
+/// (stopped when dropped).
+pub struct ExtraReplicas {
+    /// Replica name → `127.0.0.1:port`.
+    pub replicas: BTreeMap<String, String>,
+    pub proc: Proc,
 }
 
 fn placeholders(text: &str) -> Vec<String> {
@@ -150,6 +163,9 @@ impl Lab {
         if spec.fail_closed {
             bootstrap.arg("--fail-closed");
         }
+        if spec.static_endpoints {
+            bootstrap.arg("--static-endpoints");
+        }
         let out = bootstrap.output().expect("fleetroute bootstrap");
         assert!(
             out.status.success(),
@@ -163,25 +179,28 @@ impl Lab {
         std::fs::write(&envoy_yaml, &envoy_text).expect("write envoy config");
 
         let admin_token = spec.admin_token.map(str::to_string);
-        let fleetroute = Self::spawn_fleetroute(
+        let mut fleetroute = Self::spawn_fleetroute(
             &bins.fleetroute,
             &router_path,
             [&grpc, &admin, &envoy_admin],
             admin_token.as_deref(),
             dir.path(),
         );
-        let envoy_proc = Proc::spawn(
-            "envoy",
-            Command::new("envoy")
-                .arg("-c")
-                .arg(&envoy_yaml)
-                .args(["--log-level", "warn", "--concurrency"])
-                .arg(spec.envoy_workers.unwrap_or(2).to_string())
-                .arg("--base-id")
-                .arg(free_port().to_string()),
-            dir.path(),
-        );
-        let mut lab = Lab {
+        // Envoy asks fleetroute for its members (EDS) as it starts, and waits
+        // up to its initial fetch timeout: start it once fleetroute is up.
+        let mut engine = engine;
+        wait_until("engines", Duration::from_secs(20), || {
+            assert!(
+                !engine.exited(),
+                "the engine exited:\n{}",
+                engine.log_tail(30)
+            );
+            http_ok(&format!("http://{control}/replicas"))
+        });
+        Self::wait_ready(&mut fleetroute, &admin);
+        let envoy_workers = spec.envoy_workers.unwrap_or(2);
+        let envoy_proc = Self::spawn_envoy(&envoy_yaml, envoy_workers, dir.path());
+        let lab = Lab {
             envoy: format!("http://{listen}"),
             envoy_admin: format!("http://{envoy_admin}"),
             admin: format!("http://{admin}"),
@@ -191,26 +210,104 @@ impl Lab {
             bins,
             grpc,
             admin_token,
+            engine_args: spec.engine_args.iter().map(|a| a.to_string()).collect(),
+            envoy_yaml,
+            envoy_workers,
             fleetroute,
             envoy_proc,
             engine,
             _dir: dir,
         };
-        let control = format!("{}/replicas", lab.control);
-        let engine = &mut lab.engine;
-        wait_until("engines", Duration::from_secs(20), || {
-            assert!(
-                !engine.exited(),
-                "the engine exited:\n{}",
-                engine.log_tail(30)
-            );
-            http_ok(&control)
-        });
-        lab.wait_router_ready();
-        wait_until("envoy", Duration::from_secs(30), || {
-            http_ok(&format!("{}/ready", lab.envoy_admin))
-        });
+        lab.wait_envoy_ready();
         lab
+    }
+
+    fn spawn_envoy(config: &Path, workers: u32, dir: &Path) -> Proc {
+        Proc::spawn(
+            "envoy",
+            Command::new("envoy")
+                .arg("-c")
+                .arg(config)
+                .args(["--log-level", "warn", "--concurrency"])
+                .arg(workers.to_string())
+                .arg("--base-id")
+                .arg(free_port().to_string()),
+            dir,
+        )
+    }
+
+    /// Envoy answers `/ready` (it has initialised: members fetched, or its
+    /// initial fetch timeout passed).
+    pub fn wait_envoy_ready(&self) {
+        wait_until("envoy", Duration::from_secs(30), || {
+            http_ok(&format!("{}/ready", self.envoy_admin))
+        });
+    }
+
+    /// Starts Envoy anew on the same bootstrap (does not wait for it).
+    pub fn restart_envoy(&mut self) {
+        self.envoy_proc.stop();
+        self.envoy_proc = Self::spawn_envoy(&self.envoy_yaml, self.envoy_workers, self._dir.path());
+    }
+
+    /// Starts simulated replicas named `names` (with the lab's engine
+    /// arguments) in a second engine process, on free ports.
+    pub fn start_replicas(&self, names: &[&str]) -> ExtraReplicas {
+        let mut replicas = BTreeMap::new();
+        let mut cmd = Command::new(&self.bins.engine);
+        for name in names {
+            let addr = format!("127.0.0.1:{}", free_port());
+            cmd.arg("--replica").arg(format!("{name}={addr}"));
+            replicas.insert(name.to_string(), addr);
+        }
+        let control = format!("127.0.0.1:{}", free_port());
+        cmd.arg("--control").arg(&control).args(&self.engine_args);
+        let mut proc = Proc::spawn(
+            &format!("engine-{}", names.join("-")),
+            &mut cmd,
+            self._dir.path(),
+        );
+        wait_until("the extra replicas", Duration::from_secs(20), || {
+            assert!(!proc.exited(), "the engine exited:\n{}", proc.log_tail(30));
+            replicas
+                .values()
+                .all(|a| http_ok(&format!("http://{a}/health")))
+        });
+        ExtraReplicas { replicas, proc }
+    }
+
+    /// Each cluster's members as Envoy's admin `/clusters` lists them:
+    /// cluster → (`ip:port` → the health flags Envoy shows).
+    pub fn envoy_members(&self) -> Option<BTreeMap<String, BTreeMap<String, Vec<String>>>> {
+        let (status, body) =
+            client::blocking_get(&format!("{}/clusters?format=json", self.envoy_admin))?;
+        if status != 200 {
+            return None;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let mut out = BTreeMap::new();
+        for c in v["cluster_statuses"].as_array()? {
+            let mut hosts = BTreeMap::new();
+            for h in c["host_statuses"].as_array().into_iter().flatten() {
+                let sa = &h["address"]["socket_address"];
+                let addr = format!("{}:{}", sa["address"].as_str()?, sa["port_value"].as_u64()?);
+                let flags = h["health_status"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .filter(|(k, v)| *k == "eds_health_status" || v.as_bool() == Some(true))
+                            .map(|(k, v)| match v.as_str() {
+                                Some(s) => format!("{k}={s}"),
+                                None => k.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                hosts.insert(addr, flags);
+            }
+            out.insert(c["name"].as_str()?.to_string(), hosts);
+        }
+        Some(out)
     }
 
     /// `addrs`: gRPC, admin, Envoy admin.
@@ -241,8 +338,12 @@ impl Lab {
     }
 
     pub fn wait_router_ready(&mut self) {
-        let url = format!("{}/ready", self.admin);
-        let proc = &mut self.fleetroute;
+        let admin = self.admin.trim_start_matches("http://").to_string();
+        Self::wait_ready(&mut self.fleetroute, &admin);
+    }
+
+    fn wait_ready(proc: &mut Proc, admin: &str) {
+        let url = format!("http://{admin}/ready");
         wait_until("fleetroute ready", Duration::from_secs(20), || {
             assert!(!proc.exited(), "fleetroute exited:\n{}", proc.log_tail(30));
             http_ok(&url)

@@ -1,0 +1,274 @@
+//! The gRPC side: one task per stream reads Envoy's requests and the served
+//! set's changes, and writes what `protocol::Stream` says to send. The same
+//! streams are served as ADS (`AggregatedDiscoveryService`, what the rendered
+//! bootstrap uses: one stream per Envoy) and as plain EDS
+//! (`EndpointDiscoveryService`: one stream per cluster, as Envoy 1.40 opens
+//! them for an `api_config_source`).
+//!
+//! Bounds: at most `MAX_STREAMS` streams at once (more are refused with
+//! RESOURCE_EXHAUSTED; Envoy retries with backoff); a request of at most
+//! `MAX_REQUEST_BYTES` with at most `protocol::MAX_NAMES` names; at most
+//! `QUEUED` responses waiting for Envoy to read, and a stream that cannot
+//! take one for `SEND_TIMEOUT` is ended (Envoy reconnects and gets the full
+//! set on its new stream). Responses share the served set's encoded
+//! assignments, so a stream holds little more than its names.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::service::discovery::v3::aggregated_discovery_service_server::{
+    AggregatedDiscoveryService, AggregatedDiscoveryServiceServer,
+};
+use envoy_types::pb::envoy::service::discovery::v3::{
+    DeltaDiscoveryRequest, DeltaDiscoveryResponse, DiscoveryRequest, DiscoveryResponse,
+};
+use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_server::{
+    EndpointDiscoveryService, EndpointDiscoveryServiceServer,
+};
+use futures::Stream as FuturesStream;
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request as GrpcRequest, Response, Status, Streaming};
+
+use super::protocol::{Refused, Request, Stream};
+use super::resources::{self, Resources};
+use crate::metrics::ResultLabel;
+use crate::state::Shared;
+
+/// Streams served at once: one per Envoy over ADS (the rendered bootstrap),
+/// one per cluster over plain EDS.
+pub const MAX_STREAMS: usize = 1024;
+/// A request's encoded size (its cluster names, mostly).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+const QUEUED: usize = 2;
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+
+pub struct Service {
+    shared: Arc<Shared>,
+    resources: watch::Receiver<Arc<Resources>>,
+    streams: Arc<Semaphore>,
+    streams_max: usize,
+}
+
+/// The two gRPC services over one `Service` (one stream bound for both).
+pub struct Servers {
+    pub ads: AggregatedDiscoveryServiceServer<Service>,
+    pub eds: EndpointDiscoveryServiceServer<Service>,
+}
+
+impl Service {
+    /// Starts the served set's publisher and serves it.
+    pub fn start(shared: Arc<Shared>) -> Servers {
+        Self::with_limit(shared, MAX_STREAMS)
+    }
+
+    /// The same with another bound on streams (tests).
+    pub fn with_limit(shared: Arc<Shared>, max_streams: usize) -> Servers {
+        let resources = resources::publish(shared.clone());
+        let service = Arc::new(Service {
+            shared,
+            resources,
+            streams: Arc::new(Semaphore::new(max_streams)),
+            streams_max: max_streams,
+        });
+        Servers {
+            ads: AggregatedDiscoveryServiceServer::from_arc(service.clone())
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            eds: EndpointDiscoveryServiceServer::from_arc(service)
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+        }
+    }
+
+    /// Takes a place for a new stream and serves it on a task.
+    fn open(&self, inbound: Streaming<DiscoveryRequest>, kind: Kind) -> Result<Out, Status> {
+        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+            count(&self.shared, "refused");
+            return Err(Status::resource_exhausted(format!(
+                "fleetroute serves at most {} EDS streams at once",
+                self.streams_max
+            )));
+        };
+        let (tx, rx) = mpsc::channel(QUEUED);
+        let shared = self.shared.clone();
+        let resources = self.resources.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            shared.metrics.eds_streams.inc();
+            serve_stream(&shared, inbound, resources, tx, kind).await;
+            shared.metrics.eds_streams.dec();
+        });
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
+
+/// Which service a stream came in on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// Aggregated: Envoy may ask for other types on it too (a bootstrap whose
+    /// CDS or LDS also points here); those are not served, and ignored.
+    Ads,
+    /// Endpoints only: anything else ends the stream.
+    Eds,
+}
+
+fn count(shared: &Shared, result: &str) {
+    shared
+        .metrics
+        .eds_requests
+        .get_or_create(&ResultLabel {
+            result: result.into(),
+        })
+        .inc();
+}
+
+/// Who is asking, for the log (bounded).
+fn node(req: &DiscoveryRequest) -> String {
+    req.node.as_ref().map_or_else(String::new, |n| {
+        let mut id: String = n.id.chars().take(128).collect();
+        if !n.cluster.is_empty() {
+            id.push('/');
+            id.extend(n.cluster.chars().take(128));
+        }
+        id
+    })
+}
+
+type Out = Pin<Box<dyn FuturesStream<Item = Result<DiscoveryResponse, Status>> + Send>>;
+type DeltaOut = Pin<Box<dyn FuturesStream<Item = Result<DeltaDiscoveryResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl EndpointDiscoveryService for Service {
+    type StreamEndpointsStream = Out;
+    type DeltaEndpointsStream = DeltaOut;
+
+    async fn stream_endpoints(
+        &self,
+        request: GrpcRequest<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Out>, Status> {
+        self.open(request.into_inner(), Kind::Eds)
+            .map(Response::new)
+    }
+
+    async fn delta_endpoints(
+        &self,
+        _request: GrpcRequest<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaOut>, Status> {
+        Err(Status::unimplemented(
+            "fleetroute serves state-of-the-world EDS (StreamEndpoints): set api_type GRPC, not DELTA_GRPC",
+        ))
+    }
+
+    /// One-shot fetch (for tooling): the current assignments of the names.
+    async fn fetch_endpoints(
+        &self,
+        request: GrpcRequest<DiscoveryRequest>,
+    ) -> Result<Response<DiscoveryResponse>, Status> {
+        let mut stream = Stream::default();
+        let req = request.into_inner();
+        stream
+            .on_request(&req)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let res = self.resources.borrow().clone();
+        let resp = stream.response(&res).unwrap_or_else(|| DiscoveryResponse {
+            version_info: res.version.clone(),
+            type_url: resources::TYPE_URL.to_string(),
+            ..Default::default()
+        });
+        Ok(Response::new(resp))
+    }
+}
+
+#[tonic::async_trait]
+impl AggregatedDiscoveryService for Service {
+    type StreamAggregatedResourcesStream = Out;
+    type DeltaAggregatedResourcesStream = DeltaOut;
+
+    async fn stream_aggregated_resources(
+        &self,
+        request: GrpcRequest<Streaming<DiscoveryRequest>>,
+    ) -> Result<Response<Out>, Status> {
+        self.open(request.into_inner(), Kind::Ads)
+            .map(Response::new)
+    }
+
+    async fn delta_aggregated_resources(
+        &self,
+        _request: GrpcRequest<Streaming<DeltaDiscoveryRequest>>,
+    ) -> Result<Response<DeltaOut>, Status> {
+        Err(Status::unimplemented(
+            "fleetroute serves state-of-the-world ADS (StreamAggregatedResources): set api_type GRPC, not DELTA_GRPC",
+        ))
+    }
+}
+
+async fn serve_stream(
+    shared: &Shared,
+    mut inbound: Streaming<DiscoveryRequest>,
+    mut resources: watch::Receiver<Arc<Resources>>,
+    tx: mpsc::Sender<Result<DiscoveryResponse, Status>>,
+    kind: Kind,
+) {
+    let mut stream = Stream::default();
+    let mut who = String::new();
+    let mut started = false;
+    let mut warned = false;
+    loop {
+        let current = tokio::select! {
+            msg = inbound.message() => {
+                let req = match msg {
+                    Ok(Some(req)) => req,
+                    // Envoy closed or reset the stream; it reconnects by itself.
+                    Ok(None) | Err(_) => break,
+                };
+                if !started {
+                    who = node(&req);
+                    tracing::info!(node = %who, clusters = req.resource_names.len(), "EDS stream opened");
+                    started = true;
+                }
+                match stream.on_request(&req) {
+                    Ok(Request::Nack(why)) => {
+                        count(shared, "nack");
+                        tracing::warn!(node = %who, nonce = %req.response_nonce, "Envoy refused endpoints (it keeps the ones it had): {why}");
+                    }
+                    Ok(Request::Ack) => count(shared, "ack"),
+                    Ok(Request::Subscribe) => count(shared, "subscribe"),
+                    Ok(Request::Stale) => count(shared, "stale"),
+                    Err(Refused::WrongType(t)) if kind == Kind::Ads => {
+                        count(shared, "unsupported");
+                        if !std::mem::replace(&mut warned, true) {
+                            tracing::warn!(node = %who, "ADS request for {t} ignored: fleetroute serves only endpoints (point only eds_config at it)");
+                        }
+                        continue;
+                    }
+                    Err(e) => {
+                        count(shared, "invalid");
+                        tracing::warn!(node = %who, "EDS stream ended: {e}");
+                        let _ = tx.try_send(Err(Status::invalid_argument(e.to_string())));
+                        break;
+                    }
+                }
+                resources.borrow_and_update().clone()
+            }
+            changed = resources.changed(), if started => {
+                if changed.is_err() {
+                    break;
+                }
+                resources.borrow_and_update().clone()
+            }
+        };
+        if let Some(resp) = stream.response(&current) {
+            match tokio::time::timeout(SEND_TIMEOUT, tx.send(Ok(resp))).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => break,
+                Err(_) => {
+                    tracing::warn!(node = %who, "EDS stream ended: Envoy read no response for {SEND_TIMEOUT:?}");
+                    break;
+                }
+            }
+        }
+    }
+    if started {
+        tracing::info!(node = %who, "EDS stream closed");
+    }
+}
