@@ -299,15 +299,27 @@ impl Task {
         }
         for (owner, idx) in by_owner {
             let key = log_key(&self.cfg.prefix, owner);
-            for chunk in idx.chunks((max / 512).max(1)) {
-                let items: Vec<Vec<u8>> = chunk
+            let mut start = 0;
+            while start < idx.len() {
+                // Up to max_batch_bytes (an item larger than that goes alone).
+                let (mut end, mut size) = (start, 3);
+                while end < idx.len() && end - start < usize::from(u16::MAX) {
+                    let n = 4 + self.pending_fwd[idx[end]].bytes.len();
+                    if size + n > max && end > start {
+                        break;
+                    }
+                    size += n;
+                    end += 1;
+                }
+                let items: Vec<Vec<u8>> = idx[start..end]
                     .iter()
                     .map(|&i| self.pending_fwd[i].bytes.clone())
                     .collect();
                 let bytes = wire::encode_items(&items);
                 w.bytes += bytes.len() as u64;
                 self.xadd(pipe, &key, &bytes);
-                w.forwards.extend_from_slice(chunk);
+                w.forwards.extend_from_slice(&idx[start..end]);
+                start = end;
             }
             pipe.cmd("PEXPIRE").arg(&key).arg(STREAM_TTL_MS).ignore();
         }
