@@ -62,12 +62,16 @@ struct Args {
     /// With --routers: Envoy's access log flush interval, in ms.
     #[arg(long, default_value_t = 50.0)]
     log_flush_ms: f64,
+    /// With --routers: how often instances scrape the engines' queue
+    /// figures (`engine_metrics.interval_ms`), in ms.
+    #[arg(long, default_value_t = 1000.0)]
+    scrape_ms: f64,
 }
 
 /// One table row per instance count, spread and sharing, fleetroute only.
 fn several_routers(a: &Args, cfg: &SimConfig, reqs: &[trace::TraceRequest]) {
     let cfg = SimConfig {
-        scrape_ms: Some(1000.0),
+        scrape_ms: Some(a.scrape_ms),
         ..*cfg
     };
     let mut runs = Vec::new();
