@@ -215,6 +215,15 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
     assert_eq!(leases(&b), 1);
     access_log::observe(&a.shared, Some(&a.link), &entry(md));
     until("B's lease to end", || leases(&b) == 0).await;
+    // B published its own change only: A's, applied at B, did not echo.
+    assert_eq!(
+        metric(&b, "fleetroute_peer_prefix_updates_total", "queued"),
+        1.0
+    );
+    assert_eq!(
+        metric(&a, "fleetroute_peer_prefix_updates_total", "queued"),
+        1.0
+    );
     assert_eq!(
         metric(&b, "fleetroute_access_log_forwards_total", "received"),
         1.0
