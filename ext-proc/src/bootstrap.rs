@@ -23,7 +23,8 @@ pub const TEMPLATE: &str = include_str!("../../envoy-config/envoy.yaml");
 pub struct BootstrapOptions {
     pub listen: SocketAddr,
     pub envoy_admin: SocketAddr,
-    pub grpc: SocketAddr,
+    /// fleetroute instances (the ext_proc and access log cluster), at least one.
+    pub grpc: Vec<SocketAddr>,
     /// Absolute path of `fleetroute_filter.wasm`.
     pub wasm: String,
     /// Answer a JSON 503 when fleetroute is unreachable, instead of the
@@ -175,13 +176,18 @@ pub fn render(
         .collect();
     for c in &mut out {
         if c.get("name").and_then(Value::as_str) == Some("fleetroute") {
-            let eps = get_mut(c, &["load_assignment", "endpoints"])?;
-            *eps = yaml_serde::from_str(&format!(
-                "[{{ lb_endpoints: [{{ endpoint: {{ address: {{ socket_address: {{ address: '{}', port_value: {} }} }} }} }}] }}]",
-                opts.grpc.ip(),
-                opts.grpc.port()
-            ))
-            .expect("static yaml");
+            if opts.grpc.is_empty() {
+                return Err("no fleetroute address (--grpc)".into());
+            }
+            let lb: Vec<Value> = opts
+                .grpc
+                .iter()
+                .map(|a| endpoint(&a.to_string()))
+                .collect::<Result<_, _>>()?;
+            let mut group = Mapping::new();
+            group.insert(key("lb_endpoints"), Value::Sequence(lb));
+            *get_mut(c, &["load_assignment", "endpoints"])? =
+                Value::Sequence(vec![Value::Mapping(group)]);
         }
     }
     for fleet in &cfg.fleets {
@@ -225,7 +231,7 @@ mod tests {
             // The template is rendered with the defaults: it shows them.
             listen: crate::listen::ENVOY_LISTEN.parse().unwrap(),
             envoy_admin: crate::listen::ENVOY_ADMIN.parse().unwrap(),
-            grpc: crate::listen::GRPC.parse().unwrap(),
+            grpc: vec![crate::listen::GRPC.parse().unwrap()],
             wasm: "/etc/fleetroute/fleetroute_filter.wasm".into(),
             fail_closed: false,
             static_endpoints: false,
@@ -275,7 +281,7 @@ mod tests {
         let opts = BootstrapOptions {
             listen: "0.0.0.0:10000".parse().unwrap(),
             envoy_admin: "0.0.0.0:9901".parse().unwrap(),
-            grpc: "172.30.0.20:50051".parse().unwrap(),
+            grpc: vec!["172.30.0.20:50051".parse().unwrap()],
             ..opts()
         };
         let rendered: Value =
@@ -317,6 +323,52 @@ mod tests {
             wasm["typed_config"]["config"]["failure_policy"],
             "FAIL_RELOAD"
         );
+    }
+
+    /// Several instances: one endpoint each in the one gRPC cluster, which
+    /// Envoy health-checks over grpc.health.v1; the single default is unchanged.
+    #[test]
+    fn several_instances_share_one_health_checked_cluster() {
+        let cfg = RouterConfig::parse(ROUTER).unwrap();
+        let grpc = vec![
+            "10.0.0.7:50051".parse().unwrap(),
+            "10.0.0.8:50052".parse().unwrap(),
+        ];
+        let out = render(TEMPLATE, &cfg, &BootstrapOptions { grpc, ..opts() }).unwrap();
+        let doc: Value = yaml_serde::from_str(&out).unwrap();
+        let c = doc["static_resources"]["clusters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == "fleetroute")
+            .unwrap();
+        let eps = c["load_assignment"]["endpoints"][0]["lb_endpoints"]
+            .as_sequence()
+            .unwrap();
+        let addrs: Vec<(String, u64)> = eps
+            .iter()
+            .map(|e| {
+                let a = &e["endpoint"]["address"]["socket_address"];
+                (
+                    a["address"].as_str().unwrap().to_string(),
+                    a["port_value"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            addrs,
+            [
+                ("10.0.0.7".to_string(), 50051),
+                ("10.0.0.8".to_string(), 50052)
+            ]
+        );
+        assert!(c["health_checks"][0]["grpc_health_check"].is_mapping());
+        assert!(c["outlier_detection"].is_mapping());
+        let none = BootstrapOptions {
+            grpc: Vec::new(),
+            ..opts()
+        };
+        assert!(render(TEMPLATE, &cfg, &none).is_err());
     }
 
     #[test]

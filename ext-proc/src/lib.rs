@@ -13,6 +13,8 @@ pub mod listen;
 pub mod membership;
 pub mod metrics;
 pub mod observe;
+pub mod peers;
+pub mod redis_link;
 pub mod reload;
 pub mod route;
 pub mod serve;

@@ -70,6 +70,10 @@ enum Command {
         /// dropped) are exported as fleetroute_envoy_access_log.
         #[arg(long, env = "FLEETROUTE_ENVOY_ADMIN")]
         envoy_admin: Option<SocketAddr>,
+        /// This instance's name among several (1-64 of [A-Za-z0-9._-], e.g.
+        /// the pod name); without it, a random one at each start.
+        #[arg(long, env = "FLEETROUTE_INSTANCE_ID")]
+        instance_id: Option<String>,
     },
     /// Validate a router config; prints every error with its field path.
     CheckConfig { file: PathBuf },
@@ -88,9 +92,10 @@ enum Command {
         /// Envoy's admin listener.
         #[arg(long, default_value = listen::ENVOY_ADMIN)]
         envoy_admin: SocketAddr,
-        /// Where fleetroute serves ext_proc.
-        #[arg(long, default_value = listen::GRPC)]
-        grpc: SocketAddr,
+        /// Where fleetroute serves ext_proc; repeat for several instances
+        /// (Envoy health-checks each and moves calls off a dead one).
+        #[arg(long, default_value = listen::GRPC, action = clap::ArgAction::Append)]
+        grpc: Vec<SocketAddr>,
         /// Answer a JSON 503 when fleetroute is unreachable instead of failing open.
         #[arg(long)]
         fail_closed: bool,
@@ -245,12 +250,14 @@ fn main() -> ExitCode {
             admin,
             admin_token,
             envoy_admin,
+            instance_id,
         } => serve::run(ServeOptions {
             config,
             grpc,
             admin,
             admin_token,
             envoy_admin,
+            instance_id,
         }),
         Command::Endpoint {
             cmd: EndpointCmd::Get { stage, json, admin },

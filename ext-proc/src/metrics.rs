@@ -124,6 +124,14 @@ pub struct Metrics {
     pub eds_streams: Gauge,
     pub eds_requests: Family<ResultLabel, Counter>,
     pub eds_updates: Counter,
+    /// Prefix-index changes shared with other instances (`peers`).
+    pub peer_updates: Family<ResultLabel, Counter>,
+    /// Bytes written to and read from the peer link.
+    pub peer_bytes: Family<ResultLabel, Counter>,
+    /// 1 while the peer link (Redis) answers, 0 while this instance is alone.
+    pub peers_up: Gauge,
+    /// Access log entries of other instances' decisions, by what became of them.
+    pub access_log_forwards: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -164,6 +172,10 @@ impl Metrics {
             eds_streams: Gauge::default(),
             eds_requests: Family::default(),
             eds_updates: Counter::default(),
+            peer_updates: Family::default(),
+            peer_bytes: Family::default(),
+            peers_up: Gauge::default(),
+            access_log_forwards: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -269,7 +281,7 @@ impl Metrics {
         );
         r.register(
             "access_log_entries",
-            "Envoy access log entries received, by result: observed, untagged (no decision: fail-open or rejected), late (its lease had already ended)",
+            "Envoy access log entries received, by result: observed, untagged (no decision: fail-open or rejected), late (its lease had already ended), foreign (another instance decided it: forwarded to it, or applied here by names when instances share nothing)",
             m.access_log_entries.clone(),
         );
         r.register(
@@ -315,12 +327,65 @@ impl Metrics {
                 result: result.into(),
             }));
         }
-        for result in ["observed", "untagged", "late"] {
+        r.register(
+            "peer_prefix_updates",
+            "Prefix-index changes shared between instances, by result: queued (for other instances), dropped (outbox or link buffer full), sent, applied (another instance's, applied here), unknown (names no fleet or replica here), bad (an undecodable batch)",
+            m.peer_updates.clone(),
+        );
+        r.register(
+            "peer_bytes",
+            "Bytes this instance wrote to (sent) and read from (received) the peer link",
+            m.peer_bytes.clone(),
+        );
+        r.register(
+            "peers_up",
+            "1 while the peer link (Redis) answers; 0 while this instance routes alone",
+            m.peers_up.clone(),
+        );
+        r.register(
+            "access_log_forwards",
+            "Access log entries of decisions another instance made, by result: sent (to their owner), dropped (link buffer full or down too long), received (from another instance, for this one's decisions), bad (undecodable)",
+            m.access_log_forwards.clone(),
+        );
+        for result in ["observed", "untagged", "late", "foreign"] {
             drop(m.access_log_entries.get_or_create(&ResultLabel {
                 result: result.into(),
             }));
         }
+        for result in ["queued", "dropped", "sent", "applied", "unknown", "bad"] {
+            drop(m.peer_updates.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        for result in ["sent", "dropped", "received", "bad"] {
+            drop(m.access_log_forwards.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        for result in ["sent", "received"] {
+            drop(m.peer_bytes.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
         Metrics { registry: r, ..m }
+    }
+
+    /// Counts one prefix-index change shared between instances.
+    pub fn peer_update(&self, result: &str) {
+        self.peer_updates
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a labelled event of a result family.
+    pub fn count(family: &Family<ResultLabel, Counter>, result: &str, n: u64) {
+        family
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc_by(n);
     }
 
     pub fn render(&self) -> String {

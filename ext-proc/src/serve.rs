@@ -10,6 +10,8 @@ use std::time::{Duration, SystemTime};
 use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use tokio::net::TcpListener;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 use crate::admin::AdminState;
 use crate::config::RouterConfig;
@@ -26,6 +28,9 @@ pub struct ServeOptions {
     pub admin_token: Option<String>,
     /// Envoy's admin address, to export its access log loss counters.
     pub envoy_admin: Option<SocketAddr>,
+    /// This instance's name among several (route tags, the peer link);
+    /// none: a random one.
+    pub instance_id: Option<String>,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -52,7 +57,31 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let token = crate::admin::admin_token(opts.admin_token)?;
     let cfg = RouterConfig::load_valid(&opts.config)
         .map_err(|e| format!("{}:\n{e}", opts.config.display()))?;
-    let (shared, writer) = Writer::new(&cfg);
+    let instance = match opts.instance_id {
+        Some(id) if crate::peers::valid_instance_id(&id) => id,
+        Some(id) => {
+            return Err(format!("--instance-id '{id}': must be 1-64 of [A-Za-z0-9._-]").into());
+        }
+        None => crate::peers::random_instance_id(),
+    };
+    let (shared, mut writer) = Writer::named(&cfg, instance.clone());
+    let peers = match cfg.peers.redis_url {
+        Some(_) => {
+            let updates = writer.share_updates();
+            let started = crate::peers::start(shared.clone(), &cfg.peers, &instance, updates)?;
+            tokio::spawn(crate::observe::forward::receive(
+                shared.clone(),
+                started.forwarded,
+            ));
+            tracing::info!(instance = %instance, flush_ms = cfg.peers.flush_ms,
+                "sharing prefixes and access log entries with other instances through Redis");
+            Some(started.link)
+        }
+        None => {
+            tracing::info!(instance = %instance, "no peers.redis_url: this instance routes on its own decisions");
+            None
+        }
+    };
     tokio::spawn(writer.run());
     tokio::spawn(crate::state::health::run_checks(shared.clone()));
     tokio::spawn(crate::state::health::run_warmups(shared.clone()));
@@ -84,20 +113,41 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     // connections (the builder's nodelay only applies to listeners it binds).
     let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
     let discovery = crate::eds::Service::start(shared.clone());
+    let log = match peers {
+        Some(link) => LogService::with_peers(shared.clone(), link),
+        None => LogService::new(shared.clone()),
+    };
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(report_health(shared.clone(), health));
     tonic::transport::Server::builder()
         // An Envoy that vanished without closing its connection would keep
         // its EDS stream (and access log streams) open: ping, and drop the
         // connection when pings go unanswered.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health_service)
         .add_service(ExternalProcessorServer::new(Service::new(shared.clone())))
-        .add_service(AccessLogServiceServer::new(LogService::new(shared)))
+        .add_service(AccessLogServiceServer::new(log))
         .add_service(discovery.ads)
         .add_service(discovery.eds)
         .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;
     Ok(())
+}
+
+/// gRPC health (`grpc.health.v1`, for Envoy's active health checks of the
+/// ext_proc cluster): NOT_SERVING until every replica has been probed once,
+/// as `/ready`, then SERVING for as long as the process runs. A dead
+/// process answers nothing, which is what moves Envoy off it.
+async fn report_health(shared: std::sync::Arc<crate::state::Shared>, health: HealthReporter) {
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
+    while crate::admin::unprobed(&shared.snapshot()) > 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    health.set_service_status("", ServingStatus::Serving).await;
 }
 
 async fn shutdown() {

@@ -51,7 +51,7 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
             };
             let decided = p.decided();
             shared.hold_load(p.nonce, p.guard, decided, &input);
-            mutation::route(&p.snapshot.topo, &p.decision, p.nonce)
+            mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance)
         }
         Err(reject) => {
             trace.rejected(&reject);

@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[(&str, u32)] = &[
     ("config", 0),
     ("listen", 0),
+    ("redis_link", 0),
     ("membership", 1),
     ("topology", 1),
     ("fail_open", 1),
@@ -24,6 +25,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("observe", 6),
     ("eds", 6),
     ("decision_trace", 5),
+    ("peers", 5),
     ("stream", 6),
     ("serve", 7),
     ("admin", 7),

@@ -228,6 +228,9 @@ pub const USAGE_FILTER_STATE: &str = "wasm.fleetroute.usage";
 /// [`RouteTag`] for the access log (clients cannot write dynamic metadata).
 pub const ROUTE_NAMESPACE: &str = "fleetroute";
 pub const ROUTE_KEY: &str = "route";
+/// Next to the tag, in the same namespace: the fleetroute instance that
+/// decided (its lease lives there; another instance forwards the entry).
+pub const INSTANCE_KEY: &str = "instance";
 
 /// What the response said about itself:
 /// `<prompt>|<completion>|<cached>|<done>` (`-` for a figure the response did

@@ -17,3 +17,4 @@ mod views;
 pub use auth::{admin_token, bearer};
 pub use errors::ApiError;
 pub use server::{AdminState, CHANGE_TIMEOUT, router};
+pub use views::unprobed;

@@ -60,6 +60,20 @@ impl Default for LeaseConfig {
     }
 }
 
+impl Default for PeersConfig {
+    fn default() -> Self {
+        PeersConfig {
+            redis_url: None,
+            prefix: "fleetroute".into(),
+            timeout_ms: 100,
+            flush_ms: 25,
+            max_pending: 8192,
+            stream_max_len: 4096,
+            max_batch_bytes: 16384,
+        }
+    }
+}
+
 impl Default for ScalingConfig {
     fn default() -> Self {
         ScalingConfig {

@@ -15,6 +15,9 @@ pub struct RouterConfig {
     pub envoy: super::EnvoyConfig,
     #[serde(default)]
     pub leases: LeaseConfig,
+    /// Several instances of one deployment: what they share through Redis.
+    #[serde(default)]
+    pub peers: PeersConfig,
     /// Stage for requests whose model names no stage (or that name none).
     #[serde(default)]
     pub default_stage: Option<String>,
@@ -57,6 +60,32 @@ pub struct LeaseConfig {
     pub decode_tokens_per_sec: f64,
     /// Output assumed for a request that sets no `max_tokens`.
     pub default_max_tokens: u32,
+}
+
+/// Instances of one deployment share their prefix-index changes and forward
+/// each other's access log entries through one Redis (see README "Several
+/// instances"). Read at start; a reload keeps the link it has.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PeersConfig {
+    /// `redis://host:port/`; none: every instance routes on its own
+    /// decisions only. May hold a password: protect the file like one.
+    pub redis_url: Option<String>,
+    /// Key prefix (the same Redis may serve several deployments).
+    pub prefix: String,
+    /// Bound on one Redis round trip.
+    pub timeout_ms: u64,
+    /// Changes and forwarded entries are sent, and the others' read, once
+    /// per this interval, in one round trip.
+    pub flush_ms: u64,
+    /// Changes and forwarded entries held while Redis is slow or down;
+    /// beyond it the oldest are dropped (counted).
+    pub max_pending: usize,
+    /// Batches the shared stream keeps (Redis memory: at most this times
+    /// `max_batch_bytes`); an instance that falls further behind skips ahead.
+    pub stream_max_len: u64,
+    /// Largest batch written in one stream entry.
+    pub max_batch_bytes: usize,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

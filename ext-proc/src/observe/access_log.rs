@@ -23,6 +23,7 @@ use tonic::{Status, Streaming};
 use super::Observation;
 use super::usage::{PromptDetails, Usage};
 use crate::metrics::ResultLabel;
+use crate::peers::PeerLink;
 use crate::route::experiment::Arm;
 use crate::state::{Event, Shared};
 
@@ -32,11 +33,24 @@ pub const TTFB_TAG: &str = "ttfb_us";
 
 pub struct LogService {
     shared: Arc<Shared>,
+    /// Where entries of other instances' decisions go (none: applied here).
+    peers: Option<PeerLink>,
 }
 
 impl LogService {
     pub fn new(shared: Arc<Shared>) -> Self {
-        LogService { shared }
+        LogService {
+            shared,
+            peers: None,
+        }
+    }
+
+    /// Forwards entries of other instances' decisions to them.
+    pub fn with_peers(shared: Arc<Shared>, peers: PeerLink) -> Self {
+        LogService {
+            shared,
+            peers: Some(peers),
+        }
     }
 }
 
@@ -51,7 +65,7 @@ impl AccessLogService for LogService {
         while let Ok(Some(msg)) = inbound.message().await {
             if let Some(LogEntries::HttpLogs(batch)) = msg.log_entries {
                 for entry in &batch.log_entry {
-                    observe(&self.shared, entry);
+                    observe(&self.shared, self.peers.as_ref(), entry);
                 }
             }
         }
@@ -59,8 +73,42 @@ impl AccessLogService for LogService {
     }
 }
 
-/// Ends the entry's lease and hands its outcome to the writer.
-pub fn observe(shared: &Shared, entry: &HttpAccessLogEntry) {
+/// An entry as Envoy sent it: another instance's decision goes to that
+/// instance when there is a peer link; without one (or for an entry that
+/// names no instance) it is read here.
+pub fn observe(shared: &Shared, peers: Option<&PeerLink>, entry: &HttpAccessLogEntry) {
+    if let Some(owner) = super::forward::owner(entry)
+        && owner != shared.instance
+    {
+        count(shared, "foreign");
+        match peers {
+            Some(link) => link.forward(owner, super::forward::encode(entry)),
+            // Alone: its outcome still counts here, by names; its owner's
+            // lease ends by its bound or by reconciliation.
+            None => {
+                if let Some((_, obs)) = read_entry(entry) {
+                    shared.emit(Event::Observed(Box::new(obs)));
+                }
+            }
+        }
+        return;
+    }
+    observe_own(shared, entry);
+}
+
+fn count(shared: &Shared, result: &str) {
+    shared
+        .metrics
+        .access_log_entries
+        .get_or_create(&ResultLabel {
+            result: result.into(),
+        })
+        .inc();
+}
+
+/// Ends the entry's lease (this instance's decision) and hands its outcome
+/// to the writer.
+pub fn observe_own(shared: &Shared, entry: &HttpAccessLogEntry) {
     let result = match read_entry(entry) {
         None => "untagged",
         Some((nonce, mut obs)) => {
@@ -70,13 +118,7 @@ pub fn observe(shared: &Shared, entry: &HttpAccessLogEntry) {
             if ended { "observed" } else { "late" }
         }
     };
-    shared
-        .metrics
-        .access_log_entries
-        .get_or_create(&ResultLabel {
-            result: result.into(),
-        })
-        .inc();
+    count(shared, result);
 }
 
 /// The decision nonce and the outcome of one entry; `None` for requests

@@ -3,6 +3,7 @@
 
 pub mod access_log;
 pub mod envoy_stats;
+pub mod forward;
 pub use crate::state::usage;
 
 pub use crate::state::observation::Observation;

@@ -36,8 +36,9 @@ fn string_value(s: String) -> Value {
     }
 }
 
-/// The reply that routes the request.
-pub fn route(topo: &Topology, d: &Decision, nonce: u64) -> ProcessingResponse {
+/// The reply that routes the request; `instance` names this fleetroute
+/// instance, so the access log entry finds its way back to it.
+pub fn route(topo: &Topology, d: &Decision, nonce: u64, instance: &str) -> ProcessingResponse {
     let fleet = &topo.fleets[d.fleet];
     let hosts: Vec<&str> = d
         .replicas
@@ -65,7 +66,13 @@ pub fn route(topo: &Topology, d: &Decision, nonce: u64) -> ProcessingResponse {
     // carries and a client cannot write (a header would be stripped before
     // the log is written, and could be forged).
     let route = Struct {
-        fields: HashMap::from([(contract::ROUTE_KEY.to_string(), string_value(tag.encode()))]),
+        fields: HashMap::from([
+            (contract::ROUTE_KEY.to_string(), string_value(tag.encode())),
+            (
+                contract::INSTANCE_KEY.to_string(),
+                string_value(instance.to_string()),
+            ),
+        ]),
     };
     let metadata = Struct {
         fields: HashMap::from([

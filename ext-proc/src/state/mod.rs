@@ -23,6 +23,8 @@
 //! - The replica view notification (a `watch`): only the writer bumps it,
 //!   when a snapshot it publishes has a new topology or a replica whose
 //!   state flipped; the EDS server waits on it.
+//! - The peer outbox (a bounded channel, see `peer`): only the writer sends
+//!   its own prefix changes; the peer link takes them to other instances.
 //!
 //! Nothing else is shared: every other change goes to the writer as an
 //! `Event` and is applied in its order.
@@ -39,6 +41,7 @@ mod migrate;
 mod model;
 pub mod observation;
 pub mod outlier;
+pub mod peer;
 pub mod prefix_index;
 mod recorder;
 pub mod saturation;
@@ -188,6 +191,8 @@ pub enum Event {
         reason: &'static str,
     },
     Observed(Box<Observation>),
+    /// A prefix-index change another instance made (see `peer`).
+    Peer(Box<peer::PeerUpdate>),
     /// A change of config or replica state; the reply says what changed, or
     /// why it was refused (the running state then stays as it was).
     Change {
@@ -212,6 +217,8 @@ pub struct Shared {
     /// Bumped by the writer whenever it publishes a snapshot whose topology
     /// (the members) or any replica's state differs from the one before.
     replica_view: watch::Sender<u64>,
+    /// This instance's name, in its decisions' tags and on the peer link.
+    pub instance: String,
 }
 
 impl std::fmt::Debug for Shared {

@@ -110,8 +110,15 @@ impl FleetModel {
     }
 
     /// One finished request served by replica `r`; `as_routed` when that is
-    /// the replica the decision chose (not a retry's host).
-    pub(super) fn outcome(&mut self, r: ReplicaId, o: &Observation, as_routed: bool, now: Instant) {
+    /// the replica the decision chose (not a retry's host). True when it
+    /// showed the replica lost its cache (its index entries were dropped).
+    pub(super) fn outcome(
+        &mut self,
+        r: ReplicaId,
+        o: &Observation,
+        as_routed: bool,
+        now: Instant,
+    ) -> bool {
         let ok = o.succeeded();
         let cached = o.usage.and_then(|u| u.cached_tokens());
         // Time to first token is the prefill queued ahead plus this prompt's
@@ -137,9 +144,11 @@ impl FleetModel {
         }
         // The engine reports nothing cached where the router predicted a
         // real prefix: the replica lost its cache (restart, eviction storm).
-        if ok && cached == Some(0) && o.predicted_cached_tokens > 0 && as_routed {
+        let lost = ok && cached == Some(0) && o.predicted_cached_tokens > 0 && as_routed;
+        if lost {
             self.index.clear(r);
         }
+        lost
     }
 
     /// Replicas in rotation now.

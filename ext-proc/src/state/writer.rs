@@ -18,6 +18,7 @@ use super::lease::Leases;
 use super::migrate::{self, Loads};
 use super::model::FleetModel;
 use super::observation::Observation;
+use super::peer::{OUTBOX, PeerChange, PeerUpdate};
 use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
 use crate::config::{RouterConfig, ValidConfig};
 use crate::metrics::Metrics;
@@ -34,12 +35,21 @@ pub struct Writer {
     failed_keys: FailedKeysWriter,
     pub(super) loads: Loads,
     pub(super) dirty: bool,
+    /// Where this instance's prefix changes go for other instances (none
+    /// when it runs alone).
+    outbox: Option<mpsc::Sender<PeerUpdate>>,
 }
 
 impl Writer {
     /// Takes a validated config: the topology it builds relies on names
     /// resolving and at most 64 replicas per fleet.
     pub fn new(cfg: &ValidConfig) -> (Arc<Shared>, Writer) {
+        Self::named(cfg, format!("{:016x}", fastrand::u64(..)))
+    }
+
+    /// `new`, for the instance called `instance` (an id of the peers'
+    /// charset: the caller checks it).
+    pub fn named(cfg: &ValidConfig, instance: String) -> (Arc<Shared>, Writer) {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
         let mut loads = HashMap::new();
         let topo = Arc::new(migrate::build_topology(cfg, 1, &mut loads));
@@ -62,6 +72,7 @@ impl Writer {
             decisions: Mutex::default(),
             metrics,
             replica_view: tokio::sync::watch::Sender::new(0),
+            instance,
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -73,9 +84,61 @@ impl Writer {
             failed_keys,
             loads,
             dirty: false,
+            outbox: None,
         };
         shared.metrics.prime(&writer.topo);
         (shared, writer)
+    }
+
+    /// From now on, every prefix change this instance makes (a routed
+    /// request's blocks, a cache seen lost) is also sent to the returned
+    /// receiver, for other instances. Bounded: when the receiver falls
+    /// behind, changes are dropped and counted, never waited for.
+    pub fn share_updates(&mut self) -> mpsc::Receiver<PeerUpdate> {
+        let (tx, rx) = mpsc::channel(OUTBOX);
+        self.outbox = Some(tx);
+        rx
+    }
+
+    fn publish(&self, fleet: FleetId, replica: ReplicaId, change: PeerChange) {
+        let Some(tx) = &self.outbox else { return };
+        let Some(f) = self.topo.fleets.by_id(fleet) else {
+            return;
+        };
+        let Some(r) = f.replicas.by_id(replica) else {
+            return;
+        };
+        let update = PeerUpdate {
+            fleet: f.name.clone(),
+            replica: r.addr.clone(),
+            change,
+        };
+        let result = if tx.try_send(update).is_ok() {
+            "queued"
+        } else {
+            "dropped"
+        };
+        self.shared.metrics.peer_update(result);
+    }
+
+    /// Another instance's prefix change, found by names in this topology.
+    fn on_peer(&mut self, u: PeerUpdate) {
+        let topo = &self.topo;
+        let found = topo
+            .fleet_index(&u.fleet)
+            .and_then(|f| Some((f, topo.fleets.by_id(f)?.replica_index(&u.replica)?)));
+        let Some((f, r)) = found else {
+            self.shared.metrics.peer_update("unknown");
+            return;
+        };
+        match u.change {
+            PeerChange::Routed {
+                blocks,
+                block_tokens,
+            } => self.fleets[f].index.insert(r, &blocks, block_tokens),
+            PeerChange::Cleared => self.fleets[f].index.clear(r),
+        }
+        self.shared.metrics.peer_update("applied");
     }
 
     pub async fn run(mut self) {
@@ -147,6 +210,7 @@ impl Writer {
                 recorder::rejected(&self.shared.metrics, stage, reason);
             }
             Event::Observed(o) => self.on_observed(&o, now),
+            Event::Peer(u) => self.on_peer(*u),
             Event::Change { change, reply } => {
                 let result = self.change(*change, now);
                 match &result {
@@ -160,12 +224,19 @@ impl Writer {
         }
     }
 
-    fn on_routed(&mut self, r: Routed) {
+    fn on_routed(&mut self, mut r: Routed) {
         if r.generation != self.topo.generation {
             return;
         }
         if let Some(f) = self.fleets.by_id_mut(r.fleet) {
             f.routed(&r);
+        }
+        if self.outbox.is_some() && !r.blocks.is_empty() {
+            let change = PeerChange::Routed {
+                blocks: std::mem::take(&mut r.blocks),
+                block_tokens: r.block_tokens,
+            };
+            self.publish(r.fleet, r.replica, change);
         }
         let topo = &self.topo;
         let (Some(stage), Some(fleet)) = (topo.stages.by_id(r.stage), topo.fleets.by_id(r.fleet))
@@ -230,7 +301,9 @@ impl Writer {
             self.failed_keys
                 .record(now, key, self.topo.generation, f, r);
         }
-        self.fleets[f].outcome(r, o, as_routed, now);
+        if self.fleets[f].outcome(r, o, as_routed, now) {
+            self.publish(f, r, PeerChange::Cleared);
+        }
     }
 
     /// Periodic work: saturation (with hysteresis), figures, outliers,

@@ -27,14 +27,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, Script};
+use redis::{Client, Script};
 use serde::Deserialize;
-use tokio::sync::{Mutex, Notify};
+use tokio::sync::Notify;
 
 use super::clock::Clock;
 use super::config::TenantsConfig;
 use super::ledger::{Estimate, Ledger, Refusal, Reservation, TenantState};
 use super::window::Epoched;
+use crate::redis_link::RedisLink;
 
 /// Claims up to ARGV[2] of the limit ARGV[1] left in KEYS[1].
 const CLAIM: &str = r"
@@ -188,8 +189,7 @@ pub struct Shared {
     ledger: Ledger,
     state: Arc<SharedState>,
     cfg: SharedConfig,
-    client: Client,
-    conn: Mutex<Option<MultiplexedConnection>>,
+    link: RedisLink,
     claim: Script,
     catch_up: Script,
 }
@@ -200,7 +200,7 @@ impl Shared {
         cfg: SharedConfig,
         clock: Clock,
     ) -> redis::RedisResult<Arc<Self>> {
-        let client = Client::open(cfg.url.as_str())?;
+        let link = RedisLink::open(&cfg.url, Duration::from_millis(cfg.timeout_ms))?;
         let state = Arc::new(SharedState {
             instances: cfg.instances.max(1),
             degraded: AtomicBool::new(false),
@@ -219,8 +219,7 @@ impl Shared {
             ledger,
             state,
             cfg,
-            client,
-            conn: Mutex::new(None),
+            link,
             claim: Script::new(CLAIM),
             catch_up: Script::new(CATCH_UP),
         }))
@@ -307,25 +306,12 @@ impl Shared {
     }
 
     async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
-        let mut slot = self.conn.lock().await;
-        if let Some(c) = &*slot {
-            return Ok(c.clone());
-        }
-        let t = Duration::from_millis(self.cfg.timeout_ms);
-        let cfg = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(t))
-            .set_response_timeout(Some(t));
-        let c = self
-            .client
-            .get_multiplexed_async_connection_with_config(&cfg)
-            .await?;
-        *slot = Some(c.clone());
-        Ok(c)
+        self.link.connection().await
     }
 
     async fn failed(&self, e: &redis::RedisError) {
         self.state.redis_errors.fetch_add(1, Relaxed);
-        *self.conn.lock().await = None;
+        self.link.reset().await;
         if !self.state.degraded.swap(true, Relaxed) {
             tracing::warn!(error = %e, instances = self.state.instances,
                 "tenant counters: Redis unreachable, each tenant limited to its per-minute limit ÷ instances");

@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use fleetroute_tests::engine::latency::LatencyModel;
-use fleetroute_tests::replay::{all_policies, replay, sim::SimConfig, table, trace};
+use fleetroute_tests::replay::multi::{MultiRouter, Options, Spread};
+use fleetroute_tests::replay::{all_policies, replay, row, sim, sim::SimConfig, table, trace};
 
 #[derive(Parser)]
 #[command(about = "Trace replay: fleetroute against common routing policies")]
@@ -46,6 +47,97 @@ struct Args {
     /// fleetroute's `outlier` block as YAML, e.g. '{ enabled: false }'.
     #[arg(long, default_value = "")]
     outlier: String,
+    /// Several fleetroute instances instead of the policy comparison: one
+    /// run per count (repeat the flag: --routers 1 --routers 2 --routers 4),
+    /// each instance with its own state, engines scraped every second.
+    #[arg(long)]
+    routers: Vec<usize>,
+    /// With --routers: the batch interval of shared prefix changes and
+    /// forwarded access log entries, in ms.
+    #[arg(long, default_value_t = 25.0)]
+    share_ms: f64,
+    /// With --routers: client connections for the connection-hash spread.
+    #[arg(long, default_value_t = 32)]
+    connections: u64,
+    /// With --routers: Envoy's access log flush interval, in ms.
+    #[arg(long, default_value_t = 50.0)]
+    log_flush_ms: f64,
+    /// With --routers: how often instances scrape the engines' queue
+    /// figures (`engine_metrics.interval_ms`), in ms.
+    #[arg(long, default_value_t = 1000.0)]
+    scrape_ms: f64,
+}
+
+/// One table row per instance count, spread and sharing, fleetroute only.
+fn several_routers(a: &Args, cfg: &SimConfig, reqs: &[trace::TraceRequest]) {
+    let cfg = SimConfig {
+        scrape_ms: Some(a.scrape_ms),
+        ..*cfg
+    };
+    let mut runs = Vec::new();
+    for &n in &a.routers {
+        let spreads: &[Spread] = if n == 1 {
+            &[Spread::Alternate]
+        } else {
+            &[Spread::Alternate, Spread::Connection(a.connections)]
+        };
+        for &spread in spreads {
+            let sharing: &[(Option<f64>, bool)] = if n == 1 {
+                &[(None, false)]
+            } else {
+                &[
+                    (None, false),
+                    (Some(a.share_ms), false),
+                    (Some(a.share_ms), true),
+                ]
+            };
+            for &(share_ms, forward) in sharing {
+                runs.push(Options {
+                    routers: n,
+                    spread,
+                    share_ms,
+                    forward,
+                    log_flush_ms: a.log_flush_ms,
+                });
+            }
+        }
+    }
+    println!(
+        "| routers | spread | shared | hit rate | TTFT p50 ms | p90 ms | p99 ms | max/mean requests | rejected | leases logged / expired / reconciled | entries foreign / late | lease overhang mean ms |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|"
+    );
+    for o in runs {
+        let spread = match o.spread {
+            Spread::Alternate => "alternate".to_string(),
+            Spread::Connection(c) => format!("connection ({c})"),
+        };
+        let shared = match (o.share_ms, o.forward) {
+            (None, _) => "nothing".to_string(),
+            (Some(ms), false) => format!("prefixes ({ms} ms)"),
+            (Some(ms), true) => format!("prefixes + log ({ms} ms)"),
+        };
+        let mut m = MultiRouter::new(&cfg, reqs.len(), o, "fleetroute");
+        let out = sim::run(&cfg, reqs, &mut m);
+        let r = row(String::new(), &out);
+        let c = m.counts;
+        let finished = (c.logged + c.expired + c.reconciled).max(1);
+        println!(
+            "| {} | {spread} | {shared} | {:.3} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} / {} / {} | {} / {} | {:.0} |",
+            o.routers,
+            r.hit_rate,
+            r.ttft_p50,
+            r.ttft_p90,
+            r.ttft_p99,
+            r.max_mean_requests,
+            r.rejected,
+            c.logged,
+            c.expired,
+            c.reconciled,
+            c.foreign,
+            c.late,
+            c.overhang_ms / finished as f64,
+        );
+    }
+    println!();
 }
 
 fn main() {
@@ -82,7 +174,16 @@ fn main() {
             },
             max_queue: a.max_queue,
             speedup: a.speedup,
+            scrape_ms: None,
         };
+        if !a.routers.is_empty() {
+            println!(
+                "### {} tokens of KV cache per replica, several instances\n",
+                cache_tokens
+            );
+            several_routers(&a, &cfg, &reqs);
+            continue;
+        }
         let rows: Vec<_> = all_policies(&cfg, reqs.len(), &a.replica_choice, &a.outlier)
             .iter_mut()
             .map(|p| replay(&cfg, &reqs, p.as_mut()))

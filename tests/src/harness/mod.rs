@@ -3,6 +3,7 @@
 
 pub mod client;
 pub mod procs;
+pub mod redis;
 pub mod scenario;
 pub mod time;
 
@@ -60,6 +61,17 @@ pub struct LabSpec<'a> {
     pub envoy_edit: Option<fn(&str) -> String>,
     /// Render the bootstrap with `--static-endpoints` (no EDS).
     pub static_endpoints: bool,
+    /// fleetroute instances behind Envoy's one gRPC cluster (none: 1).
+    pub instances: Option<usize>,
+    /// Starts a Redis and points every instance's `peers.redis_url` at it.
+    pub peers_redis: bool,
+}
+
+/// One fleetroute instance beyond the first (`Lab::fleetroute`).
+pub struct Instance {
+    pub grpc: String,
+    pub admin: String,
+    pub proc: Proc,
 }
 
 pub struct Lab {
@@ -77,6 +89,9 @@ pub struct Lab {
     envoy_yaml: PathBuf,
     envoy_workers: u32,
     pub fleetroute: Proc,
+    /// Instances 1.. (instance 0 is `fleetroute`, `admin`).
+    pub others: Vec<Instance>,
+    pub redis: Option<redis::Redis>,
     pub envoy_proc: Proc,
     pub engine: Proc,
     _dir: tempfile::TempDir,
@@ -114,6 +129,25 @@ fn placeholders(text: &str) -> Vec<String> {
     out
 }
 
+/// The requests in flight a fleetroute admin API reports, summed over replicas.
+fn inflight_at(admin: &str) -> Option<u64> {
+    fn sum(v: &serde_json::Value) -> u64 {
+        match v {
+            serde_json::Value::Object(m) => m
+                .iter()
+                .map(|(k, v)| match (k.as_str(), v.as_u64()) {
+                    ("inflight", Some(n)) => n,
+                    _ => sum(v),
+                })
+                .sum(),
+            serde_json::Value::Array(a) => a.iter().map(sum).sum(),
+            _ => 0,
+        }
+    }
+    let (_, body) = client::blocking_get(&format!("{admin}/debug/snapshot"))?;
+    Some(sum(&serde_json::from_str(&body).ok()?))
+}
+
 fn http_ok(url: &str) -> bool {
     client::blocking_get(url).is_some_and(|(status, _)| status == 200)
 }
@@ -138,9 +172,24 @@ impl Lab {
         cmd.arg("--control").arg(&control).args(spec.engine_args);
         let engine = Proc::spawn("engine", &mut cmd, dir.path());
 
+        let redis = spec.peers_redis.then(|| redis::Redis::start(dir.path()));
+        if let Some(r) = &redis {
+            router = format!(
+                "peers: {{ redis_url: \"{}\", flush_ms: 20 }}\n{router}",
+                r.url()
+            );
+        }
         let router_path = dir.path().join("router.yaml");
         std::fs::write(&router_path, &router).expect("write router config");
         let grpc = format!("127.0.0.1:{}", free_port());
+        let others: Vec<(String, String)> = (1..spec.instances.unwrap_or(1))
+            .map(|_| {
+                (
+                    format!("127.0.0.1:{}", free_port()),
+                    format!("127.0.0.1:{}", free_port()),
+                )
+            })
+            .collect();
         let admin = format!("127.0.0.1:{}", free_port());
         let listen = format!("127.0.0.1:{}", free_port());
         let envoy_admin = format!("127.0.0.1:{}", free_port());
@@ -160,6 +209,9 @@ impl Lab {
                 "--grpc",
                 &grpc,
             ]);
+        for (g, _) in &others {
+            bootstrap.args(["--grpc", g]);
+        }
         if spec.fail_closed {
             bootstrap.arg("--fail-closed");
         }
@@ -185,7 +237,24 @@ impl Lab {
             [&grpc, &admin, &envoy_admin],
             admin_token.as_deref(),
             dir.path(),
+            0,
         );
+        let mut others: Vec<Instance> = others
+            .into_iter()
+            .enumerate()
+            .map(|(i, (grpc, admin))| Instance {
+                proc: Self::spawn_fleetroute(
+                    &bins.fleetroute,
+                    &router_path,
+                    [&grpc, &admin, &envoy_admin],
+                    admin_token.as_deref(),
+                    dir.path(),
+                    i + 1,
+                ),
+                grpc,
+                admin: format!("http://{admin}"),
+            })
+            .collect();
         // Envoy asks fleetroute for its members (EDS) as it starts, and waits
         // up to its initial fetch timeout: start it once fleetroute is up.
         let mut engine = engine;
@@ -198,6 +267,9 @@ impl Lab {
             http_ok(&format!("http://{control}/replicas"))
         });
         Self::wait_ready(&mut fleetroute, &admin);
+        for o in &mut others {
+            Self::wait_ready(&mut o.proc, o.admin.trim_start_matches("http://"));
+        }
         let envoy_workers = spec.envoy_workers.unwrap_or(2);
         let envoy_proc = Self::spawn_envoy(&envoy_yaml, envoy_workers, dir.path());
         let lab = Lab {
@@ -214,6 +286,8 @@ impl Lab {
             envoy_yaml,
             envoy_workers,
             fleetroute,
+            others,
+            redis,
             envoy_proc,
             engine,
             _dir: dir,
@@ -317,9 +391,11 @@ impl Lab {
         [grpc, admin, envoy_admin]: [&str; 3],
         token: Option<&str>,
         dir: &Path,
+        n: usize,
     ) -> Proc {
         let mut cmd = Command::new(bin);
-        cmd.args(["serve", "--config"])
+        cmd.args(["serve", "--instance-id", &format!("fr{n}")]);
+        cmd.arg("--config")
             .arg(router)
             .args([
                 "--grpc",
@@ -334,7 +410,56 @@ impl Lab {
         if let Some(t) = token {
             cmd.args(["--admin-token", t]);
         }
-        Proc::spawn("fleetroute", &mut cmd, dir)
+        let name = if n == 0 {
+            "fleetroute".to_string()
+        } else {
+            format!("fleetroute{n}")
+        };
+        Proc::spawn(&name, &mut cmd, dir)
+    }
+
+    /// Admin URLs of every instance, instance 0 first.
+    pub fn admins(&self) -> Vec<String> {
+        std::iter::once(self.admin.clone())
+            .chain(self.others.iter().map(|o| o.admin.clone()))
+            .collect()
+    }
+
+    /// Kills instance `i` (>= 1) with SIGKILL.
+    pub fn kill_instance(&mut self, i: usize) {
+        self.others[i - 1].proc.stop();
+    }
+
+    /// Starts instance `i` (>= 1) again on its ports and waits until ready.
+    pub fn restart_instance(&mut self, i: usize) {
+        let o = &self.others[i - 1];
+        let mut proc = Self::spawn_fleetroute(
+            &self.bins.fleetroute,
+            &self.router_path,
+            [
+                &o.grpc,
+                o.admin.trim_start_matches("http://"),
+                self.envoy_admin.trim_start_matches("http://"),
+            ],
+            self.admin_token.as_deref(),
+            self._dir.path(),
+            i,
+        );
+        Self::wait_ready(&mut proc, o.admin.trim_start_matches("http://"));
+        self.others[i - 1].proc = proc;
+    }
+
+    /// A counter or gauge of instance `i`'s `/metrics` (sum of its series
+    /// whose line holds every label); `None` when it does not answer.
+    pub fn instance_metric(&self, i: usize, metric: &str, labels: &[&str]) -> Option<f64> {
+        let admin = &self.admins()[i];
+        let (status, body) = client::blocking_get(&format!("{admin}/metrics"))?;
+        (status == 200).then(|| client::metric_sum(&body, metric, labels))
+    }
+
+    /// Requests instance `i` still counts in flight (`/debug/snapshot`).
+    pub fn instance_inflight(&self, i: usize) -> Option<u64> {
+        inflight_at(&self.admins()[i])
     }
 
     pub fn wait_router_ready(&mut self) {
@@ -367,6 +492,7 @@ impl Lab {
             ],
             self.admin_token.as_deref(),
             self._dir.path(),
+            0,
         );
         self.wait_router_ready();
     }
@@ -427,21 +553,7 @@ impl Lab {
     /// Requests fleetroute still counts in flight on its replicas (from
     /// `/debug/snapshot`).
     pub fn router_inflight(&self) -> Option<u64> {
-        fn sum(v: &serde_json::Value) -> u64 {
-            match v {
-                serde_json::Value::Object(m) => m
-                    .iter()
-                    .map(|(k, v)| match (k.as_str(), v.as_u64()) {
-                        ("inflight", Some(n)) => n,
-                        _ => sum(v),
-                    })
-                    .sum(),
-                serde_json::Value::Array(a) => a.iter().map(sum).sum(),
-                _ => 0,
-            }
-        }
-        let (_, body) = client::blocking_get(&format!("{}/debug/snapshot", self.admin))?;
-        Some(sum(&serde_json::from_str(&body).ok()?))
+        inflight_at(&self.admin)
     }
 
     /// Waits until fleetroute has learned the end of every request sent so

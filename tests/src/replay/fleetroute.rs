@@ -11,7 +11,8 @@ use fleetroute::observe::usage::{PromptDetails, Usage};
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::place::place;
 use fleetroute::state::load::RequestGuard;
-use fleetroute::state::{Event, Shared, Writer};
+use fleetroute::state::peer::PeerUpdate;
+use fleetroute::state::{Decided, Event, Shared, Writer};
 use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 
@@ -29,14 +30,9 @@ pub struct Fleetroute {
 }
 
 struct Live {
-    replica: usize,
-    guard: RequestGuard,
+    placed: Placement,
     routed_at: f64,
-    predicted: u64,
-    uncached: u64,
-    queued: u64,
-    input: u64,
-    output: u64,
+    req: TraceRequest,
 }
 
 /// The router config the replay uses: one fleet of `replicas`; the stage's
@@ -94,17 +90,28 @@ impl Fleetroute {
         }
     }
 
-    fn at(&self, ms: f64) -> Instant {
+    pub fn at(&self, ms: f64) -> Instant {
         self.start + Duration::from_secs_f64(ms.max(0.0) / 1000.0)
     }
-}
 
-impl SimRouter for Fleetroute {
-    fn name(&self) -> String {
-        self.label.clone()
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
-    fn route(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> usize {
+    /// Sends this instance's prefix changes to the returned receiver too.
+    pub fn share_updates(&mut self) -> tokio::sync::mpsc::Receiver<PeerUpdate> {
+        self.writer.share_updates()
+    }
+
+    /// Hands `ev` to the writer and applies it at simulated time `now`.
+    pub fn apply(&mut self, now: f64, ev: Event) {
+        self.shared.emit(ev);
+        let t = self.at(now);
+        self.writer.drain(t);
+    }
+
+    /// The real decision for `req` at `now`, its load counted.
+    pub fn place(&mut self, now: f64, req: &TraceRequest) -> Placement {
         self.rng = self
             .rng
             .wrapping_mul(6364136223846793005)
@@ -121,26 +128,93 @@ impl SimRouter for Fleetroute {
             ..Default::default()
         };
         let placed = place(&self.shared, key, self.rng).expect("a ready replica");
+        let decided = placed.decided();
+        let prefill_ms_per_k = placed.snapshot.fleets[0].figures.latency;
         let (d, guard) = (placed.decision, placed.guard);
-        let replica = d.replicas.head().index();
-        self.live[id] = Some(Live {
-            replica,
+        let t = self.at(now);
+        self.writer.drain(t);
+        Placement {
+            replica: d.replicas.head().index(),
             guard,
-            routed_at: now,
+            decided,
             predicted: d.cached_tokens,
             uncached: d.uncached_tokens,
             queued: d.queued_tokens,
-            input: req.input_tokens,
-            output: req.output_tokens,
+            prefill_ms_per_k,
+        }
+    }
+
+    /// What the access log entry of a finished request tells the writer.
+    #[allow(clippy::too_many_arguments)]
+    pub fn observation(
+        p: &Placement,
+        routed_at: f64,
+        now: f64,
+        req: &TraceRequest,
+        cached: u64,
+        ttft_ms: f64,
+        decided: Option<Decided>,
+    ) -> Observation {
+        let served = !ttft_ms.is_nan();
+        Observation {
+            stage: "trace".into(),
+            fleet: "pool".into(),
+            replica: format!("10.0.0.{}:8000", p.replica + 1),
+            served_by: None,
+            status: Some(if served { 200 } else { 503 }),
+            time_to_first_byte: served.then(|| Duration::from_secs_f64(ttft_ms / 1000.0)),
+            total: Duration::from_secs_f64((now - routed_at).max(0.0) / 1000.0),
+            usage: served.then_some(Usage {
+                prompt_tokens: req.input_tokens,
+                completion_tokens: req.output_tokens,
+                prompt_tokens_details: Some(PromptDetails {
+                    cached_tokens: cached,
+                }),
+            }),
+            predicted_cached_tokens: p.predicted,
+            uncached_tokens: p.uncached,
+            queued_tokens: p.queued,
+            arm: fleetroute::route::experiment::Arm::None,
+            stream: true,
+            ended_early: false,
+            key: None,
+            decided,
+        }
+    }
+}
+
+/// A decision put into effect, as the simulation keeps it.
+pub struct Placement {
+    pub replica: usize,
+    pub guard: RequestGuard,
+    pub decided: Decided,
+    pub predicted: u64,
+    pub uncached: u64,
+    pub queued: u64,
+    /// The fleet's measured time to first token per 1000 tokens, for the
+    /// lease bound.
+    pub prefill_ms_per_k: Option<f64>,
+}
+
+impl SimRouter for Fleetroute {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn route(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> usize {
+        let p = self.place(now, req);
+        let replica = p.replica;
+        self.live[id] = Some(Live {
+            placed: p,
+            routed_at: now,
+            req: req.clone(),
         });
-        let t = self.at(now);
-        self.writer.drain(t);
         replica
     }
 
     fn first_token(&mut self, _: f64, id: usize) {
         if let Some(l) = &self.live[id] {
-            l.guard.prefill_done();
+            l.placed.guard.prefill_done();
         }
     }
 
@@ -148,35 +222,9 @@ impl SimRouter for Fleetroute {
         let Some(l) = self.live[id].take() else {
             return;
         };
-        l.guard.release();
-        let served = !ttft_ms.is_nan();
-        let obs = Observation {
-            stage: "trace".into(),
-            fleet: "pool".into(),
-            replica: format!("10.0.0.{}:8000", l.replica + 1),
-            served_by: None,
-            status: Some(if served { 200 } else { 503 }),
-            time_to_first_byte: served.then(|| Duration::from_secs_f64(ttft_ms / 1000.0)),
-            total: Duration::from_secs_f64((now - l.routed_at).max(0.0) / 1000.0),
-            usage: served.then_some(Usage {
-                prompt_tokens: l.input,
-                completion_tokens: l.output,
-                prompt_tokens_details: Some(PromptDetails {
-                    cached_tokens: cached,
-                }),
-            }),
-            predicted_cached_tokens: l.predicted,
-            uncached_tokens: l.uncached,
-            queued_tokens: l.queued,
-            arm: fleetroute::route::experiment::Arm::None,
-            stream: true,
-            ended_early: false,
-            key: None,
-            decided: None,
-        };
-        self.shared.emit(Event::Observed(Box::new(obs)));
-        let t = self.at(now);
-        self.writer.drain(t);
+        l.placed.guard.release();
+        let obs = Self::observation(&l.placed, l.routed_at, now, &l.req, cached, ttft_ms, None);
+        self.apply(now, Event::Observed(Box::new(obs)));
     }
 
     fn tick(&mut self, now: f64) {

@@ -2,6 +2,7 @@
 //! routing policy against simulated replicas, in one run.
 
 pub mod fleetroute;
+pub mod multi;
 pub mod policies;
 pub mod prompt;
 pub mod sim;

@@ -27,6 +27,16 @@ pub trait SimRouter {
     fn finished(&mut self, _now_ms: f64, _id: usize, _cached_tokens: u64, _ttft_ms: f64) {}
     /// Called every 250 ms of simulated time.
     fn tick(&mut self, _now_ms: f64) {}
+    /// The engines' own figures, as a metrics scrape reads them (every
+    /// `SimConfig::scrape_ms`, when set).
+    fn scrape(&mut self, _now_ms: f64, _engines: &[EngineFigures]) {}
+}
+
+/// What one replica's metrics endpoint reports.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngineFigures {
+    pub running: u32,
+    pub waiting: u32,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -42,6 +52,8 @@ pub struct SimConfig {
     pub max_queue: usize,
     /// Arrival times are divided by this.
     pub speedup: f64,
+    /// How often routers read the engines' figures (none: never).
+    pub scrape_ms: Option<f64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -69,6 +81,7 @@ enum Kind {
     PrefillDone(usize, usize),
     Finish(usize, usize),
     Tick,
+    Scrape,
 }
 
 impl Eq for Ev {}
@@ -122,6 +135,9 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
         push(&mut heap, arrival[i], Kind::Arrive(i));
     }
     push(&mut heap, 0.0, Kind::Tick);
+    if let Some(every) = cfg.scrape_ms {
+        push(&mut heap, every, Kind::Scrape);
+    }
     let mut remaining = reqs.len();
 
     while let Some(ev) = heap.pop() {
@@ -132,6 +148,21 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                 router.tick(now);
                 if remaining > 0 {
                     push(&mut heap, now + 250.0, Kind::Tick);
+                }
+            }
+            Kind::Scrape => {
+                let figures: Vec<EngineFigures> = reps
+                    .iter()
+                    .map(|r| EngineFigures {
+                        running: r.running as u32,
+                        waiting: r.queue.len() as u32,
+                    })
+                    .collect();
+                router.scrape(now, &figures);
+                if remaining > 0
+                    && let Some(every) = cfg.scrape_ms
+                {
+                    push(&mut heap, now + every, Kind::Scrape);
                 }
             }
             Kind::Arrive(i) => {

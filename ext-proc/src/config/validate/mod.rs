@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::fmt::Display;
 use std::ops::RangeInclusive;
 
-use super::{ConfigError, EngineMetricsConfig, HealthCheckConfig, LeaseConfig, RouterConfig};
+use super::{
+    ConfigError, EngineMetricsConfig, HealthCheckConfig, LeaseConfig, PeersConfig, RouterConfig,
+};
 
 /// Replicas per fleet; the prefix index keeps one bit per replica.
 pub const MAX_REPLICAS_PER_FLEET: usize = crate::state::prefix_index::Matches::SLOTS;
@@ -114,6 +116,7 @@ pub(super) fn errors(cfg: &RouterConfig) -> Vec<ConfigError> {
     health_check(&cfg.health_check, &mut e);
     engine_metrics(&cfg.engine_metrics, &mut e);
     leases(&cfg.leases, &mut e);
+    peers(&cfg.peers, &mut e);
     // Fleet name -> region, for the stages.
     let mut regions: HashMap<&str, &str> = HashMap::new();
     for (i, f) in cfg.fleets.iter().enumerate() {
@@ -152,6 +155,25 @@ fn engine_metrics(em: &EngineMetricsConfig, e: &mut Errors) {
         "engine_metrics.timeout_ms",
         "must be between 1 and interval_ms",
     );
+}
+
+fn peers(p: &PeersConfig, e: &mut Errors) {
+    if let Some(url) = &p.redis_url {
+        // The client's own parser; its message never repeats the URL
+        // (which may hold a password).
+        if let Err(err) = redis::Client::open(url.as_str()) {
+            e.push(
+                "peers.redis_url",
+                format!("not a Redis URL: {:?}", err.kind()),
+            );
+        }
+    }
+    e.name("peers.prefix", &p.prefix, b":");
+    e.in_range("peers.timeout_ms", p.timeout_ms, 1..=10_000);
+    e.in_range("peers.flush_ms", p.flush_ms, 1..=1_000);
+    e.in_range("peers.max_pending", p.max_pending, 1..=1_000_000);
+    e.in_range("peers.stream_max_len", p.stream_max_len, 16..=1_000_000);
+    e.in_range("peers.max_batch_bytes", p.max_batch_bytes, 1024..=1 << 20);
 }
 
 fn leases(ls: &LeaseConfig, e: &mut Errors) {

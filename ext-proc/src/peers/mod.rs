@@ -1,0 +1,402 @@
+//! The peer link: what several instances of one deployment share through
+//! Redis. Two things, both lossy by design and never on a decision's path:
+//!
+//! - Prefix changes. Each instance's writer hands its own (a routed
+//!   request's blocks, a cache seen lost) to a bounded outbox; every
+//!   `flush_ms` this task writes them as batches to one Redis stream and,
+//!   in the same round trip, reads what the other instances wrote since
+//!   its last read. Its own batches (by instance id) are skipped; the
+//!   others' go to the writer as `Event::Peer`.
+//! - Forwarded access log entries. Envoy's log stream of a worker leads to
+//!   any instance; an entry of another instance's decision is sent to that
+//!   instance's own stream, read by it on its next round, where it ends
+//!   the lease and counts the outcome (`observe::forward`).
+//!
+//! Redis slow or gone: a round trip is bounded by `timeout_ms`; the
+//! instance routes on its own decisions alone, says so once in the log and
+//! in `fleetroute_peers_up`, keeps the newest `max_pending` changes and
+//! entries, and sends them (and reads what it missed, as far as the stream
+//! still holds it) when Redis answers again. Memory in Redis is bounded by
+//! `stream_max_len` batches per stream of at most `max_batch_bytes` each.
+
+pub mod wire;
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::streams::StreamReadReply;
+use tokio::sync::mpsc;
+
+use crate::config::PeersConfig;
+use crate::metrics::Metrics;
+use crate::redis_link::RedisLink;
+use crate::state::peer::PeerUpdate;
+use crate::state::{Event, Shared};
+
+/// Batches read per stream per round; more wait for the next round.
+const READ_PER_ROUND: usize = 256;
+/// Batches written per round, so one round trip stays small.
+const WRITE_PER_ROUND: usize = 32;
+/// Owners a round forwards to (each has its own stream).
+const OWNERS_PER_ROUND: usize = 64;
+/// An instance that starts reads the changes of the last minute.
+const CATCH_UP: Duration = Duration::from_secs(60);
+/// Streams of instances that stopped vanish after this.
+const STREAM_TTL_MS: u64 = 600_000;
+
+/// An instance's name on the link and in its decisions' route tags.
+pub fn valid_instance_id(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
+/// A name no other instance will pick: 16 random hex digits.
+pub fn random_instance_id() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+/// What the access log hands the link.
+struct Forward {
+    owner: String,
+    bytes: Vec<u8>,
+}
+
+/// The access log's handle: forwards entries to the instance that decided them.
+#[derive(Clone)]
+pub struct PeerLink {
+    forwards: mpsc::Sender<Forward>,
+    shared: Arc<Shared>,
+}
+
+impl PeerLink {
+    /// Queues `bytes` for instance `owner`; never waits (a full queue drops it).
+    pub fn forward(&self, owner: &str, bytes: Vec<u8>) {
+        if bytes.len() > wire::MAX_ITEM_BYTES || !valid_instance_id(owner) {
+            Metrics::count(&self.shared.metrics.access_log_forwards, "dropped", 1);
+            return;
+        }
+        let f = Forward {
+            owner: owner.to_string(),
+            bytes,
+        };
+        if self.forwards.try_send(f).is_err() {
+            Metrics::count(&self.shared.metrics.access_log_forwards, "dropped", 1);
+        }
+    }
+}
+
+/// A started link: the handle for the access log, and the entries other
+/// instances forwarded to this one.
+pub struct Started {
+    pub link: PeerLink,
+    pub forwarded: mpsc::Receiver<Vec<u8>>,
+}
+
+/// Starts the link's task. `updates` is the writer's outbox
+/// (`Writer::share_updates`). Fails only on a config the validation refuses.
+pub fn start(
+    shared: Arc<Shared>,
+    cfg: &PeersConfig,
+    instance: &str,
+    updates: mpsc::Receiver<PeerUpdate>,
+) -> Result<Started, String> {
+    let url = cfg.redis_url.as_deref().ok_or("peers.redis_url: not set")?;
+    let redis = RedisLink::open(url, Duration::from_millis(cfg.timeout_ms))
+        .map_err(|e| format!("peers.redis_url: {:?}", e.kind()))?;
+    let (ftx, frx) = mpsc::channel(cfg.max_pending);
+    let (in_tx, in_rx) = mpsc::channel(cfg.max_pending);
+    let task = Task {
+        shared: shared.clone(),
+        redis,
+        cfg: cfg.clone(),
+        instance: instance.to_string(),
+        prefix_key: format!("{}:peers:prefix", cfg.prefix),
+        own_key: log_key(&cfg.prefix, instance),
+        updates,
+        forwards: frx,
+        forwarded: in_tx,
+        pending: VecDeque::new(),
+        pending_fwd: VecDeque::new(),
+        last_prefix: start_id(),
+        last_own: start_id(),
+        up: None,
+    };
+    tokio::spawn(task.run());
+    Ok(Started {
+        link: PeerLink {
+            forwards: ftx,
+            shared,
+        },
+        forwarded: in_rx,
+    })
+}
+
+fn log_key(prefix: &str, instance: &str) -> String {
+    format!("{prefix}:peers:log:{instance}")
+}
+
+/// A stream id a minute ago (Redis ids are milliseconds since the epoch).
+fn start_id() -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .saturating_sub(CATCH_UP);
+    format!("{}-0", now.as_millis())
+}
+
+struct Task {
+    shared: Arc<Shared>,
+    redis: RedisLink,
+    cfg: PeersConfig,
+    instance: String,
+    prefix_key: String,
+    own_key: String,
+    updates: mpsc::Receiver<PeerUpdate>,
+    forwards: mpsc::Receiver<Forward>,
+    forwarded: mpsc::Sender<Vec<u8>>,
+    pending: VecDeque<PeerUpdate>,
+    pending_fwd: VecDeque<Forward>,
+    last_prefix: String,
+    last_own: String,
+    /// Whether the last round trip succeeded (none before the first).
+    up: Option<bool>,
+}
+
+/// What one round wrote, to drop from the pending queues once Redis took it.
+struct Written {
+    updates: usize,
+    forwards: Vec<usize>,
+    bytes: u64,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(Duration::from_millis(self.cfg.flush_ms));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if !self.collect() {
+                return;
+            }
+            self.round().await;
+        }
+    }
+
+    /// Moves what the writer and the access log queued into the bounded
+    /// pending queues, dropping the oldest beyond `max_pending`. False when
+    /// the process is shutting down (the writer is gone).
+    fn collect(&mut self) -> bool {
+        let m = &self.shared.metrics;
+        loop {
+            match self.updates.try_recv() {
+                Ok(u) => {
+                    if self.pending.len() >= self.cfg.max_pending {
+                        self.pending.pop_front();
+                        m.peer_update("dropped");
+                    }
+                    self.pending.push_back(u);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return false,
+            }
+        }
+        while let Ok(f) = self.forwards.try_recv() {
+            if self.pending_fwd.len() >= self.cfg.max_pending {
+                self.pending_fwd.pop_front();
+                Metrics::count(&m.access_log_forwards, "dropped", 1);
+            }
+            self.pending_fwd.push_back(f);
+        }
+        true
+    }
+
+    async fn round(&mut self) {
+        let mut pipe = redis::pipe();
+        let written = self.write(&mut pipe);
+        pipe.cmd("XREAD")
+            .arg("COUNT")
+            .arg(READ_PER_ROUND)
+            .arg("STREAMS")
+            .arg(&self.prefix_key)
+            .arg(&self.own_key)
+            .arg(&self.last_prefix)
+            .arg(&self.last_own);
+        let reply: redis::RedisResult<(Option<StreamReadReply>,)> = async {
+            let mut c = self.redis.connection().await?;
+            pipe.query_async(&mut c).await
+        }
+        .await;
+        match reply {
+            Ok((read,)) => {
+                self.sent(written);
+                if let Some(read) = read {
+                    self.read(read);
+                }
+                if self.up != Some(true) {
+                    if self.up.is_some() {
+                        tracing::info!(
+                            "peer link: Redis answers again; sharing prefixes and access log entries with the other instances"
+                        );
+                    }
+                    self.shared.metrics.peers_up.set(1);
+                }
+                self.up = Some(true);
+            }
+            Err(e) => {
+                self.redis.reset().await;
+                if self.up != Some(false) {
+                    tracing::warn!(error = %e,
+                        "peer link: Redis unreachable; this instance routes on its own decisions until it answers");
+                    self.shared.metrics.peers_up.set(0);
+                }
+                self.up = Some(false);
+            }
+        }
+    }
+
+    /// Adds this round's writes to `pipe`: prefix batches, then forwarded
+    /// entries by owner.
+    fn write(&self, pipe: &mut redis::Pipeline) -> Written {
+        let max = self.cfg.max_batch_bytes;
+        let mut w = Written {
+            updates: 0,
+            forwards: Vec::new(),
+            bytes: 0,
+        };
+        let mut batches = 0;
+        while w.updates < self.pending.len() && batches < WRITE_PER_ROUND {
+            let mut size = 3;
+            let mut end = w.updates;
+            while end < self.pending.len() && end - w.updates < usize::from(u16::MAX) {
+                let n = wire::update_len(&self.pending[end]);
+                // A change larger than a batch still goes, alone.
+                if size + n > max && end > w.updates {
+                    break;
+                }
+                size += n;
+                end += 1;
+            }
+            let slice: Vec<PeerUpdate> = self.pending.range(w.updates..end).cloned().collect();
+            let bytes = wire::encode_updates(&slice);
+            w.bytes += bytes.len() as u64;
+            self.xadd(pipe, &self.prefix_key, &bytes);
+            w.updates = end;
+            batches += 1;
+        }
+        if batches > 0 {
+            pipe.cmd("PEXPIRE")
+                .arg(&self.prefix_key)
+                .arg(STREAM_TTL_MS)
+                .ignore();
+        }
+        let mut by_owner: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (i, f) in self.pending_fwd.iter().enumerate() {
+            if by_owner.len() < OWNERS_PER_ROUND || by_owner.contains_key(f.owner.as_str()) {
+                by_owner.entry(&f.owner).or_default().push(i);
+            }
+        }
+        for (owner, idx) in by_owner {
+            let key = log_key(&self.cfg.prefix, owner);
+            let mut start = 0;
+            while start < idx.len() {
+                // Up to max_batch_bytes (an item larger than that goes alone).
+                let (mut end, mut size) = (start, 3);
+                while end < idx.len() && end - start < usize::from(u16::MAX) {
+                    let n = 4 + self.pending_fwd[idx[end]].bytes.len();
+                    if size + n > max && end > start {
+                        break;
+                    }
+                    size += n;
+                    end += 1;
+                }
+                let items: Vec<Vec<u8>> = idx[start..end]
+                    .iter()
+                    .map(|&i| self.pending_fwd[i].bytes.clone())
+                    .collect();
+                let bytes = wire::encode_items(&items);
+                w.bytes += bytes.len() as u64;
+                self.xadd(pipe, &key, &bytes);
+                w.forwards.extend_from_slice(&idx[start..end]);
+                start = end;
+            }
+            pipe.cmd("PEXPIRE").arg(&key).arg(STREAM_TTL_MS).ignore();
+        }
+        w
+    }
+
+    fn xadd(&self, pipe: &mut redis::Pipeline, key: &str, bytes: &[u8]) {
+        pipe.cmd("XADD")
+            .arg(key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(self.cfg.stream_max_len)
+            .arg("*")
+            .arg("i")
+            .arg(&self.instance)
+            .arg("b")
+            .arg(bytes)
+            .ignore();
+    }
+
+    /// Redis took this round's writes: they leave the pending queues.
+    fn sent(&mut self, w: Written) {
+        let m = &self.shared.metrics;
+        for _ in 0..w.updates {
+            self.pending.pop_front();
+        }
+        Metrics::count(&m.peer_updates, "sent", w.updates as u64);
+        let mut keep = vec![true; self.pending_fwd.len()];
+        for &i in &w.forwards {
+            keep[i] = false;
+        }
+        let mut kept = keep.into_iter();
+        self.pending_fwd.retain(|_| kept.next().unwrap_or(true));
+        Metrics::count(&m.access_log_forwards, "sent", w.forwards.len() as u64);
+        Metrics::count(&m.peer_bytes, "sent", w.bytes);
+    }
+
+    fn read(&mut self, read: StreamReadReply) {
+        let m = &self.shared.metrics;
+        for key in read.keys {
+            let own = key.key == self.own_key;
+            for entry in key.ids {
+                if own {
+                    self.last_own.clone_from(&entry.id);
+                } else {
+                    self.last_prefix.clone_from(&entry.id);
+                }
+                let from: Option<String> = entry.get("i");
+                let Some(bytes) = entry.get::<Vec<u8>>("b") else {
+                    continue;
+                };
+                if !own && from.as_deref() == Some(self.instance.as_str()) {
+                    continue;
+                }
+                Metrics::count(&m.peer_bytes, "received", bytes.len() as u64);
+                if own {
+                    match wire::decode_items(&bytes) {
+                        Some(items) => {
+                            for item in items {
+                                if self.forwarded.try_send(item).is_err() {
+                                    Metrics::count(&m.access_log_forwards, "dropped", 1);
+                                }
+                            }
+                        }
+                        None => Metrics::count(&m.access_log_forwards, "bad", 1),
+                    }
+                } else {
+                    match wire::decode_updates(&bytes) {
+                        Some(updates) => {
+                            for u in updates {
+                                self.shared.emit(Event::Peer(Box::new(u)));
+                            }
+                        }
+                        None => m.peer_update("bad"),
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,246 @@
+//! Two instances' state linked through a real `redis-server`: a decision's
+//! prefix reaches the other instance's index (and not its own twice), an
+//! access log entry that reached the wrong instance ends its lease at the
+//! owner, and Redis going away and coming back loses neither.
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::Metadata;
+use envoy_types::pb::envoy::data::accesslog::v3::{
+    AccessLogCommon, HttpAccessLogEntry, HttpResponseProperties,
+};
+use envoy_types::pb::google::protobuf::UInt32Value;
+use envoy_types::pb::google::protobuf::value::Kind;
+use fleetroute::config::RouterConfig;
+use fleetroute::observe::access_log;
+use fleetroute::peers::{self, PeerLink};
+use fleetroute::route::key::RouteKey;
+use fleetroute::route::{mutation, place::place};
+use fleetroute::state::lease::LeaseInput;
+use fleetroute::state::prefix_index::Matches;
+use fleetroute::state::{Event, Shared, Writer};
+use fleetroute::topology::{FleetId, ReplicaId};
+
+struct Redis {
+    port: u16,
+    child: Option<Child>,
+}
+
+impl Redis {
+    fn start() -> Option<Redis> {
+        if Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            eprintln!("SKIPPED: redis-server not on PATH (scripts/setup.sh installs it)");
+            return None;
+        }
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut r = Redis { port, child: None };
+        r.restart();
+        Some(r)
+    }
+
+    fn restart(&mut self) {
+        self.stop();
+        let child = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not answer");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Node {
+    shared: Arc<Shared>,
+    link: PeerLink,
+}
+
+fn node(url: &str, name: &str) -> Node {
+    let cfg = RouterConfig::parse_valid(&format!(
+        "peers: {{ redis_url: \"{url}\", flush_ms: 10 }}\n\
+         fleets: [{{ name: pool, region: r, endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\"] }}]\n\
+         stages: [{{ name: s, models: [m], fleets: [pool] }}]\n"
+    ))
+    .unwrap();
+    let (shared, mut writer) = Writer::named(&cfg, name.into());
+    for r in 0..2 {
+        shared.emit(Event::Health {
+            generation: shared.snapshot().topo.generation,
+            fleet: FleetId(0),
+            replica: ReplicaId(r),
+            ok: true,
+        });
+    }
+    let updates = writer.share_updates();
+    tokio::spawn(writer.run());
+    let started = peers::start(shared.clone(), &cfg.peers, name, updates).unwrap();
+    tokio::spawn(fleetroute::observe::forward::receive(
+        shared.clone(),
+        started.forwarded,
+    ));
+    Node {
+        shared,
+        link: started.link,
+    }
+}
+
+/// Blocks of `blocks` the node's index holds for replica `r`.
+fn held(n: &Node, blocks: &[u64], r: usize) -> u16 {
+    let mut m = Matches::default();
+    n.shared.snapshot().fleets[0].prefix.matches(blocks, &mut m);
+    m[ReplicaId(r)]
+}
+
+/// Leases held (the cache counts after its pending work has run).
+fn leases(n: &Node) -> u64 {
+    n.shared.leases.run_pending();
+    n.shared.leases.held()
+}
+
+fn metric(n: &Node, name: &str, label: &str) -> f64 {
+    n.shared
+        .metrics
+        .render()
+        .lines()
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn until(what: &str, mut ok: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !ok() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Routes a request with `blocks` at `n`; (replica, its lease's metadata).
+fn route(n: &Node, blocks: Vec<u64>, name: &str) -> (usize, Metadata) {
+    let key = RouteKey {
+        model: Some("m"),
+        key: 7,
+        blocks,
+        block_tokens: 16,
+        prompt_tokens: 64,
+        ..Default::default()
+    };
+    let p = place(&n.shared, key, 1).expect("routed");
+    let replica = p.decision.replicas.head().index();
+    let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, name);
+    let decided = p.decided();
+    n.shared
+        .hold_load(p.nonce, p.guard, decided, &LeaseInput::default());
+    let mut md = Metadata::default();
+    for (ns, v) in reply.dynamic_metadata.unwrap().fields {
+        if let Some(Kind::StructValue(s)) = v.kind {
+            md.filter_metadata.insert(ns, s);
+        }
+    }
+    (replica, md)
+}
+
+fn entry(md: Metadata) -> HttpAccessLogEntry {
+    HttpAccessLogEntry {
+        common_properties: Some(AccessLogCommon {
+            metadata: Some(md),
+            custom_tags: HashMap::from([("ttfb_us".to_string(), "1000".to_string())]),
+            ..Default::default()
+        }),
+        response: Some(HttpResponseProperties {
+            response_code: Some(UInt32Value { value: 200 }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_share_prefixes_and_ends_through_redis() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}/", redis.port);
+    let (a, b) = (node(&url, "a"), node(&url, "b"));
+    until("both ready", || {
+        [&a, &b]
+            .iter()
+            .all(|n| n.shared.snapshot().replicas[0].iter().all(|r| r.ready()))
+    })
+    .await;
+
+    // A routes; B learns where the prefix went; A does not apply its own.
+    let blocks = vec![11, 12, 13];
+    let (r, _) = route(&a, blocks.clone(), "a");
+    until("B to hold A's prefix", || held(&b, &blocks, r) == 3).await;
+    assert_eq!(
+        metric(&a, "fleetroute_peer_prefix_updates_total", "applied"),
+        0.0
+    );
+    assert!(metric(&b, "fleetroute_peer_bytes_total", "received") > 0.0);
+
+    // B decided; Envoy logged the entry to A: A forwards it, B ends the lease.
+    let (_, md) = route(&b, vec![21, 22], "b");
+    assert_eq!(leases(&b), 1);
+    access_log::observe(&a.shared, Some(&a.link), &entry(md));
+    until("B's lease to end", || leases(&b) == 0).await;
+    // B published its own change only: A's, applied at B, did not echo.
+    assert_eq!(
+        metric(&b, "fleetroute_peer_prefix_updates_total", "queued"),
+        1.0
+    );
+    assert_eq!(
+        metric(&a, "fleetroute_peer_prefix_updates_total", "queued"),
+        1.0
+    );
+    assert_eq!(
+        metric(&b, "fleetroute_access_log_forwards_total", "received"),
+        1.0
+    );
+    assert_eq!(leases(&a), 1, "A's own lease is untouched");
+
+    // Redis goes away: both say so and route alone; A's change waits.
+    redis.stop();
+    until("both to see Redis gone", || {
+        metric(&a, "fleetroute_peers_up", "") == 0.0 && metric(&b, "fleetroute_peers_up", "") == 0.0
+    })
+    .await;
+    let later = vec![31, 32, 33, 34];
+    let (r, _) = route(&a, later.clone(), "a");
+    assert_eq!(held(&b, &later, r), 0);
+    // Back (empty): A's pending change reaches B.
+    redis.restart();
+    until("B to catch up", || held(&b, &later, r) == 4).await;
+    assert_eq!(metric(&a, "fleetroute_peers_up", ""), 1.0);
+}

@@ -1,0 +1,479 @@
+//! Several fleetroute instances in the replay, each with its own writer and
+//! shared state (prefix index, load counters, figures), as separate
+//! processes behind one Envoy cluster have.
+//!
+//! What the model keeps from a real deployment:
+//! - Requests reach the instances alternately (Envoy's round robin over the
+//!   ext_proc cluster: every request opens a new gRPC stream), or by a hash
+//!   of the client connection (a connection-level balancer in front of the
+//!   instances; a conversation keeps its connection).
+//! - Each instance counts only its own requests in flight and queued; the
+//!   engines' queue figures, scraped every `SimConfig::scrape_ms`, are the
+//!   one load signal every instance shares.
+//! - A decision's load is a lease, released when its access log entry
+//!   reaches the instance that decided it, else at its bound
+//!   (`state::lease::bounds`, with `max_tokens` = the trace's output, the
+//!   tightest a client could set), or by reconciliation with the engine's
+//!   count (the leases older than two scrapes plus 2 s beyond what the
+//!   engine reports, as `Leases::reconcile` does). The prefill share ends at
+//!   its own bound or with the lease, never at the first token (which
+//!   fleetroute does not see).
+//! - Envoy flushes access log entries every `log_flush_ms`, over
+//!   `LOG_STREAMS` streams (Envoy workers) connected round robin to the
+//!   instances: an entry reaches the deciding instance only when its
+//!   stream happens to lead there. Without forwarding, another instance
+//!   applies it by names, as a late entry.
+//! - With sharing, each instance publishes its prefix changes in batches
+//!   every `share_ms` (its own phase) and reads the others' on the same
+//!   beat: a change reaches another instance at the sender's next flush
+//!   then the receiver's next read. Forwarded access log entries take the
+//!   same path to their owner.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use fleetroute::config::LeaseConfig;
+use fleetroute::state::Event;
+use fleetroute::state::lease::{LeaseInput, bounds};
+use fleetroute::state::peer::PeerUpdate;
+use tokio::sync::mpsc::Receiver;
+use xxhash_rust::xxh3::xxh3_64_with_seed;
+
+use super::fleetroute::{Fleetroute, Placement};
+use super::sim::{EngineFigures, SimConfig, SimRouter, View};
+use super::trace::TraceRequest;
+
+/// Envoy workers' access log streams, spread round robin over instances.
+pub const LOG_STREAMS: u64 = 8;
+/// Added to two scrapes before the engine's count may end a lease.
+const RECONCILE_SLACK_MS: f64 = 2000.0;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Spread {
+    /// Request after request to the next instance.
+    Alternate,
+    /// This many client connections, each hashed to an instance; a
+    /// conversation (its content key) keeps its connection.
+    Connection(u64),
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub routers: usize,
+    pub spread: Spread,
+    /// Prefix changes shared in batches every this many ms (none: each
+    /// instance sees only its own decisions).
+    pub share_ms: Option<f64>,
+    /// Access log entries of another instance's decision are forwarded to
+    /// it (needs `share_ms`: the same link and beat).
+    pub forward: bool,
+    pub log_flush_ms: f64,
+}
+
+/// How the leases of all instances ended.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LeaseCounts {
+    /// The access log entry reached the deciding instance (directly or forwarded).
+    pub logged: u64,
+    pub expired: u64,
+    pub reconciled: u64,
+    /// Entries applied by another instance, by names.
+    pub foreign: u64,
+    /// Entries that reached their owner after the lease had ended.
+    pub late: u64,
+    /// Sum over requests of how long their lease outlived the request, ms.
+    pub overhang_ms: f64,
+}
+
+struct Instance {
+    fr: Fleetroute,
+    outbox: Option<Receiver<PeerUpdate>>,
+}
+
+struct Lease {
+    owner: usize,
+    placed: Placement,
+    routed_at: f64,
+    held: bool,
+    finished_at: Option<f64>,
+    req: TraceRequest,
+}
+
+enum Action {
+    Deliver {
+        to: usize,
+        update: PeerUpdate,
+    },
+    Log {
+        id: usize,
+        at: usize,
+        cached: u64,
+        ttft: f64,
+        finished: f64,
+    },
+    PrefillBound(usize),
+    LeaseBound(usize),
+}
+
+pub struct MultiRouter {
+    opts: Options,
+    routers: Vec<Instance>,
+    leases: Vec<Option<Lease>>,
+    /// Per instance and replica, request ids in the order they were routed.
+    by_replica: Vec<Vec<VecDeque<usize>>>,
+    heap: BinaryHeap<Reverse<(u64, u64)>>,
+    actions: Vec<Option<Action>>,
+    next: usize,
+    lease_cfg: LeaseConfig,
+    scrape_ms: f64,
+    pub counts: LeaseCounts,
+    label: String,
+}
+
+impl MultiRouter {
+    pub fn new(cfg: &SimConfig, requests: usize, opts: Options, label: &str) -> Self {
+        let n = opts.routers.max(1);
+        let config = super::fleetroute::config(
+            cfg.replicas,
+            cfg.router_cache_tokens.unwrap_or(cfg.cache_tokens),
+            cfg.latency.max_batch,
+            "",
+            "",
+        );
+        let routers = (0..n)
+            .map(|_| {
+                let mut fr = Fleetroute::new(&config, requests, cfg.block_tokens, label);
+                let outbox = opts.share_ms.map(|_| fr.share_updates());
+                Instance { fr, outbox }
+            })
+            .collect();
+        MultiRouter {
+            opts: Options { routers: n, ..opts },
+            routers,
+            leases: (0..requests).map(|_| None).collect(),
+            by_replica: vec![vec![VecDeque::new(); cfg.replicas]; n],
+            heap: BinaryHeap::new(),
+            actions: Vec::new(),
+            next: 0,
+            lease_cfg: config.leases.clone(),
+            scrape_ms: cfg.scrape_ms.unwrap_or(1000.0),
+            counts: LeaseCounts::default(),
+            label: label.to_string(),
+        }
+    }
+
+    fn push(&mut self, at: f64, a: Action) {
+        let seq = self.actions.len() as u64;
+        self.actions.push(Some(a));
+        self.heap.push(Reverse((at.max(0.0).to_bits(), seq)));
+    }
+
+    /// The first beat of instance `k`'s link strictly after `t`.
+    fn beat(&self, k: usize, t: f64) -> f64 {
+        let b = self.opts.share_ms.unwrap_or(1.0);
+        let phase = k as f64 * b / self.opts.routers as f64;
+        phase + (((t - phase) / b).floor() + 1.0) * b
+    }
+
+    /// Runs every deferred action due by `now`, in time order.
+    fn advance(&mut self, now: f64) {
+        while let Some(&Reverse((bits, seq))) = self.heap.peek() {
+            let t = f64::from_bits(bits);
+            if t > now {
+                break;
+            }
+            self.heap.pop();
+            if let Some(a) = self.actions[seq as usize].take() {
+                self.run(t, a);
+            }
+        }
+    }
+
+    fn run(&mut self, t: f64, a: Action) {
+        match a {
+            Action::Deliver { to, update } => {
+                self.routers[to].fr.apply(t, Event::Peer(Box::new(update)));
+            }
+            Action::PrefillBound(id) => {
+                if let Some(l) = self.leases[id].as_ref().filter(|l| l.held) {
+                    l.placed.guard.prefill_done();
+                }
+            }
+            Action::LeaseBound(id) => {
+                if self.end_lease(id, t) {
+                    self.counts.expired += 1;
+                }
+            }
+            Action::Log {
+                id,
+                at,
+                cached,
+                ttft,
+                finished,
+            } => {
+                let Some(owner) = self.leases[id].as_ref().map(|l| l.owner) else {
+                    return;
+                };
+                if at != owner && self.opts.forward {
+                    let arrive = self.beat(owner, self.beat(at, t));
+                    let log = Action::Log {
+                        id,
+                        at: owner,
+                        cached,
+                        ttft,
+                        finished,
+                    };
+                    self.push(arrive, log);
+                    return;
+                }
+                let decided = if at == owner {
+                    let held = self.leases[id].as_ref().is_some_and(|l| l.held);
+                    if held {
+                        self.end_lease(id, t);
+                        self.counts.logged += 1;
+                    } else {
+                        self.counts.late += 1;
+                    }
+                    held.then(|| self.leases[id].as_ref().map(|l| l.placed.decided))
+                        .flatten()
+                } else {
+                    self.counts.foreign += 1;
+                    None
+                };
+                let l = self.leases[id].as_ref().expect("lease kept");
+                let obs = Fleetroute::observation(
+                    &l.placed,
+                    l.routed_at,
+                    finished,
+                    &l.req,
+                    cached,
+                    ttft,
+                    decided,
+                );
+                self.routers[at].fr.apply(t, Event::Observed(Box::new(obs)));
+                self.pump(at, t);
+            }
+        }
+    }
+
+    /// Ends a held lease at `t`; false when it had already ended.
+    fn end_lease(&mut self, id: usize, t: f64) -> bool {
+        let Some(l) = self.leases[id].as_mut().filter(|l| l.held) else {
+            return false;
+        };
+        l.held = false;
+        l.placed.guard.release();
+        if let Some(f) = l.finished_at {
+            self.counts.overhang_ms += (t - f).max(0.0);
+        }
+        true
+    }
+
+    /// Takes instance `k`'s new prefix changes to the others.
+    fn pump(&mut self, k: usize, now: f64) {
+        let mut out = Vec::new();
+        if let Some(rx) = self.routers[k].outbox.as_mut() {
+            while let Ok(u) = rx.try_recv() {
+                out.push(u);
+            }
+        }
+        if out.is_empty() {
+            return;
+        }
+        let sent = self.beat(k, now);
+        for u in out {
+            for j in (0..self.opts.routers).filter(|&j| j != k) {
+                let at = self.beat(j, sent);
+                self.push(
+                    at,
+                    Action::Deliver {
+                        to: j,
+                        update: u.clone(),
+                    },
+                );
+            }
+        }
+    }
+
+    fn pick(&mut self, req: &TraceRequest) -> usize {
+        let n = self.opts.routers;
+        match self.opts.spread {
+            Spread::Alternate => {
+                self.next = (self.next + 1) % n;
+                self.next
+            }
+            Spread::Connection(conns) => {
+                let conn = xxh3_64_with_seed(&req.content_key.to_le_bytes(), 11) % conns.max(1);
+                (xxh3_64_with_seed(&conn.to_le_bytes(), 13) % n as u64) as usize
+            }
+        }
+    }
+}
+
+impl SimRouter for MultiRouter {
+    fn name(&self) -> String {
+        self.label.clone()
+    }
+
+    fn route(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> usize {
+        self.advance(now);
+        let k = self.pick(req);
+        let p = self.routers[k].fr.place(now, req);
+        let (whole, prefill) = bounds(
+            &self.lease_cfg,
+            &LeaseInput {
+                prefill_tokens: p.uncached + p.queued,
+                max_tokens: Some(req.output_tokens.min(u64::from(u32::MAX)) as u32),
+                prefill_ms_per_k: p.prefill_ms_per_k,
+            },
+        );
+        let replica = p.replica;
+        self.push(
+            now + prefill.as_secs_f64() * 1000.0,
+            Action::PrefillBound(id),
+        );
+        self.push(now + whole.as_secs_f64() * 1000.0, Action::LeaseBound(id));
+        self.leases[id] = Some(Lease {
+            owner: k,
+            placed: p,
+            routed_at: now,
+            held: true,
+            finished_at: None,
+            req: req.clone(),
+        });
+        self.by_replica[k][replica].push_back(id);
+        self.pump(k, now);
+        replica
+    }
+
+    fn finished(&mut self, now: f64, id: usize, cached: u64, ttft_ms: f64) {
+        self.advance(now);
+        if let Some(l) = self.leases[id].as_mut() {
+            l.finished_at = Some(now);
+        }
+        let n = self.opts.routers as u64;
+        let h = xxh3_64_with_seed(&(id as u64).to_le_bytes(), 17);
+        // The entry rides one of Envoy's log streams, flushed on its beat.
+        let at = ((h % LOG_STREAMS) % n) as usize;
+        let flush = (h >> 32) as f64 / f64::from(u32::MAX) * self.opts.log_flush_ms;
+        let log = Action::Log {
+            id,
+            at,
+            cached,
+            ttft: ttft_ms,
+            finished: now,
+        };
+        self.push(now + flush, log);
+    }
+
+    fn tick(&mut self, now: f64) {
+        self.advance(now);
+        for r in &mut self.routers {
+            SimRouter::tick(&mut r.fr, now);
+        }
+    }
+
+    fn scrape(&mut self, now: f64, engines: &[EngineFigures]) {
+        self.advance(now);
+        let grace = 2.0 * self.scrape_ms + RECONCILE_SLACK_MS;
+        for k in 0..self.routers.len() {
+            let snap = self.routers[k].fr.shared().snapshot_full();
+            for (r, e) in engines.iter().enumerate() {
+                snap.topo.fleets[0].replicas[r]
+                    .load
+                    .set_engine(e.running, e.waiting, 0.0);
+                // Oldest first: the leases the engine no longer knows of.
+                let queue = &mut self.by_replica[k][r];
+                while queue
+                    .front()
+                    .is_some_and(|&id| !self.leases[id].as_ref().is_some_and(|l| l.held))
+                {
+                    queue.pop_front();
+                }
+                let old: Vec<usize> = queue
+                    .iter()
+                    .copied()
+                    .filter(|&id| {
+                        self.leases[id]
+                            .as_ref()
+                            .is_some_and(|l| l.held && now - l.routed_at > grace)
+                    })
+                    .collect();
+                let surplus = old.len().saturating_sub((e.running + e.waiting) as usize);
+                for id in old.into_iter().take(surplus) {
+                    if self.end_lease(id, now) {
+                        self.counts.reconciled += 1;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::latency::LatencyModel;
+    use crate::replay::workload::{Kind, Params, generate};
+    use crate::replay::{sim, trace};
+
+    fn run(routers: usize, share: bool) -> (sim::Outcome, LeaseCounts) {
+        let reqs = trace::load(
+            &generate(&Params {
+                kind: Kind::Agent,
+                seed: 3,
+                requests: 300,
+                session_rate: 0.4,
+                block_tokens: 512,
+            }),
+            512,
+        )
+        .unwrap();
+        let cfg = SimConfig {
+            replicas: 4,
+            cache_tokens: 1_000_000,
+            router_cache_tokens: None,
+            block_tokens: 512,
+            latency: LatencyModel {
+                prefill_tokens_per_sec: 10_000.0,
+                decode_ms_per_token: 20.0,
+                max_batch: 32,
+            },
+            max_queue: 256,
+            speedup: 1.0,
+            scrape_ms: Some(1000.0),
+        };
+        let opts = Options {
+            routers,
+            spread: Spread::Alternate,
+            share_ms: share.then_some(25.0),
+            forward: share,
+            log_flush_ms: 50.0,
+        };
+        let mut m = MultiRouter::new(&cfg, reqs.len(), opts, "t");
+        let out = sim::run(&cfg, &reqs, &mut m);
+        (out, m.counts)
+    }
+
+    #[test]
+    fn entries_reach_their_decider_only_when_forwarded() {
+        let (_, one) = run(1, false);
+        assert_eq!(one.foreign, 0, "one instance decides everything");
+        let (_, alone) = run(2, false);
+        assert!(alone.foreign > 0, "{alone:?}");
+        assert!(alone.expired + alone.reconciled > 0, "{alone:?}");
+        let (out, linked) = run(2, true);
+        assert_eq!(linked.foreign, 0, "{linked:?}");
+        assert!(
+            linked.logged as usize >= out.ttft_ms.len() * 9 / 10,
+            "{linked:?}"
+        );
+        assert!(
+            linked.overhang_ms / (linked.logged as f64) < 200.0,
+            "{linked:?}"
+        );
+        // Deterministic: the same run gives the same figures.
+        let (again, _) = run(2, true);
+        assert_eq!(again.ttft_ms, out.ttft_ms);
+    }
+}
