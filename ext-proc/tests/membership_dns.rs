@@ -393,11 +393,12 @@ async fn dns_srv_records_give_targets_and_ports() {
 
 #[test]
 fn dns_watch_from_config_takes_the_port_from_srv() {
-    let src: membership::source_config::FleetSource = yaml_serde::from_str(
-        "dns: { name: _llm._tcp.fleet.test., interval_s: 7, nameserver: '127.0.0.1:5353' }",
+    let cfg = fleetroute::config::RouterConfig::parse(
+        "fleets: [{ name: f, region: r, dns: { name: _llm._tcp.fleet.test., interval_s: 7, nameserver: '127.0.0.1:5353' } }]\n\
+         stages: [{ name: s, fleets: [f] }]\n",
     )
     .unwrap();
-    let membership::source_config::Source::Dns(d) = src.validate("fleets[0]").unwrap() else {
+    let fleetroute::config::Source::Dns(d) = cfg.fleets[0].source() else {
         panic!("not a dns source");
     };
     let w = DnsWatch::from_source(&d);

@@ -97,7 +97,7 @@ pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<Repl
         .enumerate()
         .map(|(f, fleet)| {
             let (mut inflight, mut waiting) = (0.0, 0.0);
-            for r in &fleet.replicas {
+            for r in fleet.replicas.values() {
                 inflight += f64::from(r.load.inflight());
                 waiting += f64::from(
                     r.load

@@ -67,7 +67,7 @@ impl DecisionRecord {
             replica: topo
                 .fleets
                 .get(r.fleet.index())
-                .and_then(|f| f.replicas.get(r.replica.index()))
+                .and_then(|f| f.replicas.get(r.replica))
                 .map(|x| x.addr.clone())
                 .unwrap_or_default(),
             key_source: r.key_source,
