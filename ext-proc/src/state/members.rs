@@ -321,3 +321,6 @@ pub(super) fn log(fleet: &str, sum: &Summary, members: usize, generation: u64) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests;
