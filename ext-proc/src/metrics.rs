@@ -543,7 +543,8 @@ impl Collector for SourceMetrics {
             let map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());
             map.iter().map(|(f, c)| (f.clone(), c.snapshot())).collect()
         };
-        let families: [(&str, &str, fn(&CounterSnapshot) -> u64); 4] = [
+        type Read = fn(&CounterSnapshot) -> u64;
+        let families: [(&str, &str, Read); 4] = [
             (
                 "membership_updates",
                 "Member sets a fleet's source published because membership changed",

@@ -127,7 +127,7 @@ fn a_fleet_grows_and_shrinks_under_load_without_failing_a_request() {
             thread::spawn(move || {
                 let mut i = 0u32;
                 while !stop.load(Ordering::Relaxed) && i < 4000 {
-                    let stream = i % 3 == 0;
+                    let stream = i.is_multiple_of(3);
                     let body = chat_body_tokens(
                         "m1",
                         Some(&format!("user-{t}-{}", i % 16)),
@@ -178,7 +178,7 @@ fn a_fleet_grows_and_shrinks_under_load_without_failing_a_request() {
             .iter()
             .filter(|d| d.sent >= after)
             .filter_map(|d| d.served_by.as_deref())
-            .filter(|s| names.contains(&s))
+            .filter(|s| names.contains(s))
             .count()
     };
     let t0 = Instant::now();
