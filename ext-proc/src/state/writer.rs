@@ -74,7 +74,9 @@ impl Writer {
                         warmup: members::warms_up(cfg, &f.name),
                         now,
                     };
-                    change.reconcile(&members::static_members(f)).0
+                    let (slots, _) = change.reconcile(&members::static_members(f));
+                    model.desired = slots.len() as u32;
+                    slots
                 }
                 Source::Dns(_) | Source::Kubernetes(_) => Slots::new(),
             })
