@@ -189,6 +189,7 @@ async fn a_dns_fleet_follows_its_records_into_the_snapshot_and_the_decisions() {
         admin,
         admin_token: None,
         envoy_admin: None,
+        instance_id: None,
     }));
 
     // The records' members appear, are probed, and take decisions.
