@@ -4,7 +4,8 @@
 //! `cargo bench -p fleetroute --bench decision` prints criterion's timings,
 //! then per-call percentiles, the prefix index's memory per block, and the
 //! rendezvous placement figures (balance over 1M keys, keys moved when a
-//! replica joins or a weight changes).
+//! replica joins or a weight changes), and what a membership change costs
+//! the writer in a fleet with a ~1M-block prefix index.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -17,7 +18,7 @@ use fleetroute::route::decide;
 use fleetroute::route::experiment::Arm;
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::rendezvous::{score, unit};
-use fleetroute::state::{Event, Routed, Shared, Writer};
+use fleetroute::state::{Change, Event, Routed, Shared, Writer};
 use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 use std::sync::Arc;
@@ -279,9 +280,62 @@ fn main() {
         &shared,
         &probe,
     );
+    membership_change(&shared, &mut w, &cfg);
     drop((shared, w));
 
     placement();
+}
+
+/// A reload swapping one of 63 replicas for a new one, through the writer:
+/// the leaver's entries go, nobody else's index is touched. Then the same
+/// reload path when the fleet's whole index is dropped (a changed cache size;
+/// before stable slots, any change of the list did that).
+fn membership_change(shared: &Shared, w: &mut Writer, cfg: &ValidConfig) {
+    let t0 = Instant::now();
+    let reload = |w: &mut Writer, c: &RouterConfig, at: Instant| {
+        let config = Box::new(fleetroute::config::validate(c.clone()).expect("bench config"));
+        let start = Instant::now();
+        w.apply(
+            Event::Change {
+                change: Box::new(Change::Reload {
+                    config,
+                    source: "bench".into(),
+                }),
+                reply: None,
+            },
+            at,
+        );
+        start.elapsed()
+    };
+    let blocks = || shared.snapshot().fleets[0].prefix.len();
+    let mut c = RouterConfig::clone(cfg);
+    // A free slot first: the last replica leaves and, idle, goes on a tick.
+    c.fleets[0].endpoints.pop();
+    reload(w, &c, t0);
+    w.tick(t0 + Duration::from_secs(1));
+    let mut times = Vec::new();
+    for i in 0..5 {
+        let at = t0 + Duration::from_secs(2 + i as u64);
+        let before = blocks();
+        c.fleets[0].endpoints[i] = format!("10.99.0.{}:8000", i + 1);
+        let d = reload(w, &c, at);
+        times.push((d, before, blocks()));
+        w.tick(at + Duration::from_millis(500));
+    }
+    for (d, before, after) in &times {
+        println!(
+            "membership change, 1 of 63 replicas leaves and 1 joins: {:.2} ms; index {before} -> {after} blocks",
+            d.as_secs_f64() * 1e3
+        );
+    }
+    let before = blocks();
+    c.fleets[0].capacity.kv_cache_tokens += 16;
+    let d = reload(w, &c, t0 + Duration::from_secs(10));
+    println!(
+        "the same reload dropping the fleet's whole index: {:.2} ms; index {before} -> {} blocks",
+        d.as_secs_f64() * 1e3,
+        blocks()
+    );
 }
 
 /// Rendezvous placement: balance over 1M keys on 8 equal replicas, keys

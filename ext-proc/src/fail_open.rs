@@ -240,7 +240,7 @@ fleets:
   - {{ name: b, region: us, endpoints: ["10.0.1.1:80"] }}
   - {{ name: c, region: us, endpoints: ["10.0.2.1:80", "10.0.2.2:80", "10.0.2.3:80"] }}
   - {{ name: far, region: eu, endpoints: ["10.9.0.1:80"] }}
-  - {{ name: empty, region: us }}
+  - {{ name: empty, region: us, dns: {{ name: empty.test, port: 80 }} }}
 stages:
   - name: s/1
     fleets: {fleets}

@@ -2,13 +2,20 @@
 //! by names from the config (stage, fleet, replica address) and small fixed
 //! sets (class, kind, state, source, result), so cardinality stays bounded.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use std::sync::atomic::AtomicU64;
+
+use crate::membership::{CounterSnapshot, SourceCounters};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageFleet {
@@ -63,7 +70,7 @@ pub struct FleetLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReplicaStates {
     pub fleet: String,
-    /// ready | unhealthy | warming | ejected | draining | unknown
+    /// ready | unhealthy | warming | ejected | draining | leaving | unknown
     pub state: String,
 }
 
@@ -132,6 +139,12 @@ pub struct Metrics {
     pub peers_up: Gauge,
     /// Access log entries of other instances' decisions, by what became of them.
     pub access_log_forwards: Family<ResultLabel, Counter>,
+    /// Members per fleet (leaving ones not counted).
+    pub fleet_members: Family<FleetLabel, Gauge>,
+    /// Members a source lists beyond the fleet's slots.
+    pub members_ignored: Family<FleetLabel, Gauge>,
+    /// The membership sources' own counters, read at each scrape.
+    pub sources: Arc<SourceMetrics>,
 }
 
 impl Default for Metrics {
@@ -176,6 +189,9 @@ impl Metrics {
             peer_bytes: Family::default(),
             peers_up: Gauge::default(),
             access_log_forwards: Family::default(),
+            fleet_members: Family::default(),
+            members_ignored: Family::default(),
+            sources: Arc::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -347,6 +363,17 @@ impl Metrics {
             "Access log entries of decisions another instance made, by result: sent (to their owner), dropped (link buffer full or down too long), received (from another instance, for this one's decisions), bad (undecodable)",
             m.access_log_forwards.clone(),
         );
+        r.register(
+            "fleet_members",
+            "Members of the fleet in routing (joined, not leaving), from its endpoints, DNS or Kubernetes",
+            m.fleet_members.clone(),
+        );
+        r.register(
+            "fleet_members_ignored",
+            "Members a fleet's source lists beyond its 64 slots, ignored until a slot frees",
+            m.members_ignored.clone(),
+        );
+        r.register_collector(Box::new(m.sources.clone()));
         for result in ["observed", "untagged", "late", "foreign"] {
             drop(m.access_log_entries.get_or_create(&ResultLabel {
                 result: result.into(),
@@ -482,5 +509,72 @@ impl Metrics {
         self.desired.clear();
         self.inflight.clear();
         self.queued_tokens.clear();
+        self.fleet_members.clear();
+        self.members_ignored.clear();
+    }
+}
+
+/// `fleetroute_membership_{updates,failures,empty_answers,relists}_total{fleet}`:
+/// each running source's [`SourceCounters`], read live at every scrape (the
+/// sources count without knowing about Prometheus). One entry per fleet with
+/// a `dns` or `kubernetes` source, kept across source restarts.
+#[derive(Debug, Default)]
+pub struct SourceMetrics {
+    fleets: Mutex<BTreeMap<String, Arc<SourceCounters>>>,
+}
+
+impl SourceMetrics {
+    /// The counters of `fleet`'s source, created on first use.
+    pub fn counters(&self, fleet: &str) -> Arc<SourceCounters> {
+        let mut map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());
+        map.entry(fleet.to_string()).or_default().clone()
+    }
+
+    /// Forgets the fleets no longer served by a source.
+    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
+        let mut map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());
+        map.retain(|f, _| keep(f));
+    }
+}
+
+impl Collector for SourceMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rows: Vec<(String, CounterSnapshot)> = {
+            let map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());
+            map.iter().map(|(f, c)| (f.clone(), c.snapshot())).collect()
+        };
+        type Read = fn(&CounterSnapshot) -> u64;
+        let families: [(&str, &str, Read); 4] = [
+            (
+                "membership_updates",
+                "Member sets a fleet's source published because membership changed",
+                |c| c.updates,
+            ),
+            (
+                "membership_failures",
+                "Failed lookups or watch calls of a fleet's source (the last good set was kept)",
+                |c| c.failures,
+            ),
+            (
+                "membership_empty_answers",
+                "Empty DNS answers (the fleet empties on the second in a row)",
+                |c| c.empty_answers,
+            ),
+            (
+                "membership_relists",
+                "Full re-lists of a Kubernetes source (the first list, and after 410 Gone or a lost watch)",
+                |c| c.relists,
+            ),
+        ];
+        for (name, help, value) in families {
+            let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for (fleet, c) in &rows {
+                let label = FleetLabel {
+                    fleet: fleet.clone(),
+                };
+                ConstCounter::new(value(c)).encode(family.encode_family(&label)?)?;
+            }
+        }
+        Ok(())
     }
 }

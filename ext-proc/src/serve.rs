@@ -1,6 +1,6 @@
-//! Starting the service: the writer, health checks, engine scrapes, config
-//! reloads (file change, SIGHUP), and the gRPC listener (ext_proc, access
-//! log, EDS) and admin listener.
+//! Starting the service: the writer, health checks, engine scrapes, fleet
+//! membership sources, config reloads (file change, SIGHUP), and the gRPC
+//! listener (ext_proc, access log, EDS) and admin listener.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -86,6 +86,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     tokio::spawn(crate::state::health::run_checks(shared.clone()));
     tokio::spawn(crate::state::health::run_warmups(shared.clone()));
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
+    tokio::spawn(crate::state::sources::run_sources(shared.clone()));
     let reloader = Reloader::new(shared.clone(), opts.config.clone());
     tokio::spawn(reload_on_sighup(reloader.clone()));
     tokio::spawn(reload_on_change(reloader.clone()));

@@ -1,6 +1,7 @@
 //! The config compiled for routing: names resolved to indices, residency
-//! expanded, per-replica live counters attached. Immutable; a reload or an
-//! admin change builds a new one.
+//! expanded, each fleet's current members in their slots with their live
+//! counters attached. Immutable; a reload, an admin change or a membership
+//! change builds a new one (see `state::writer`, `set_topology`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,18 +9,20 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
-    AlarmsConfig, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, HealthCheckConfig,
-    OutlierConfig, PolicyKind, ReplicaChoiceConfig, RoutingConfig, ScalingConfig, ValidConfig,
-    WarmupConfig,
+    AlarmsConfig, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, FleetConfig,
+    HealthCheckConfig, OutlierConfig, PolicyKind, ReplicaChoiceConfig, RoutingConfig,
+    ScalingConfig, ValidConfig, WarmupConfig,
 };
 pub mod ids;
 pub mod load;
+pub mod slots;
 
 pub use ids::{ById, Candidate, FleetId, NonEmpty, ReplicaId, StageId};
+pub use slots::{MAX_SLOTS, Slots};
 
 use load::ReplicaLoad;
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Topology {
     pub fleets: Vec<Fleet>,
     pub stages: Vec<Stage>,
@@ -29,18 +32,23 @@ pub struct Topology {
     pub default_stage: Option<StageId>,
     pub health_check: HealthCheckConfig,
     pub engine_metrics: EngineMetricsConfig,
-    /// Bumped on every rebuild, so events about an older topology are dropped.
+    /// Bumped on every change (config or membership). Ids handed out with
+    /// one generation stay valid in a later one as long as [`Topology::resolves`] says so.
     pub generation: u64,
+    /// The generation whose config last changed the order of fleets or
+    /// stages: `FleetId`s and `StageId`s of an older one mean nothing now.
+    pub layout: u64,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Fleet {
     pub name: String,
     /// Identity for rendezvous choices between fleets.
     pub seed: u64,
     pub region: String,
-    pub replicas: Vec<Replica>,
-    /// Replica index by address.
+    /// Current members (leaving ones included, until removed), by slot.
+    pub replicas: Slots<Replica>,
+    /// Replica slot by address.
     pub by_addr: HashMap<String, ReplicaId>,
     pub capacity: CapacityConfig,
     pub cost: Option<CostConfig>,
@@ -48,17 +56,36 @@ pub struct Fleet {
     pub scaling: ScalingConfig,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Replica {
-    /// `ip:port`, exactly as the Envoy cluster lists it.
+    /// `ip:port`, as Envoy formats a host address.
     pub addr: String,
+    /// What makes it the same member across changes: its address (static,
+    /// DNS), or `pod-name/pod-uid` (Kubernetes), so a new pod on an old
+    /// address is a new replica.
+    pub identity: Arc<str>,
     /// Identity for rendezvous hashing: a replica keeps its keys across
-    /// reloads as long as its fleet and address stay the same.
+    /// changes as long as its fleet and address stay the same.
     pub seed: u64,
     pub load: Arc<ReplicaLoad>,
+    /// The generation in which this member took its slot.
+    pub since: u64,
 }
 
-#[derive(Debug)]
+impl Replica {
+    /// A member joining `fleet` in `generation`, with fresh counters.
+    pub fn joining(fleet: &str, addr: String, identity: Arc<str>, generation: u64) -> Replica {
+        Replica {
+            seed: replica_seed(fleet, &addr),
+            addr,
+            identity,
+            load: Arc::default(),
+            since: generation,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
 pub struct Stage {
     pub name: String,
     /// The stage's fleets, in its listed order.
@@ -131,12 +158,27 @@ pub fn replica_seed(fleet: &str, addr: &str) -> u64 {
 }
 
 impl Topology {
-    /// Builds from a validated config. `loads` hands out the live counters, so a
-    /// replica that survives a reload keeps its in-flight count.
+    /// Builds from a validated config with each static fleet's `endpoints`
+    /// in slots 0, 1, ... in order, and dynamic fleets empty (tests and
+    /// simulations; the running router builds through the writer).
+    pub fn from_config(cfg: &ValidConfig, generation: u64) -> Topology {
+        Topology::build(cfg, generation, generation, |_, f| {
+            f.endpoints
+                .iter()
+                .map(|a| {
+                    let addr = canonical_addr(a);
+                    Replica::joining(&f.name, addr.clone(), addr.into(), generation)
+                })
+                .collect()
+        })
+    }
+
+    /// Builds from a validated config; `replicas` gives each fleet's members.
     pub fn build(
         cfg: &ValidConfig,
         generation: u64,
-        mut loads: impl FnMut(&str, &str) -> Arc<ReplicaLoad>,
+        layout: u64,
+        mut replicas: impl FnMut(FleetId, &FleetConfig) -> Slots<Replica>,
     ) -> Topology {
         let fleet_idx: HashMap<&str, FleetId> = cfg
             .fleets
@@ -147,29 +189,20 @@ impl Topology {
         let fleets = cfg
             .fleets
             .iter()
-            .map(|f| Fleet {
-                name: f.name.clone(),
-                seed: xxh3_64(f.name.as_bytes()),
-                region: f.region.clone(),
-                replicas: f
-                    .endpoints
-                    .iter()
-                    .map(|a| Replica {
-                        addr: a.clone(),
-                        seed: replica_seed(&f.name, a),
-                        load: loads(&f.name, a),
-                    })
-                    .collect(),
-                by_addr: f
-                    .endpoints
-                    .iter()
-                    .enumerate()
-                    .map(|(i, a)| (a.clone(), ReplicaId(i)))
-                    .collect(),
-                capacity: f.capacity.clone(),
-                cost: f.cost.clone(),
-                hosts: f.hosts,
-                scaling: f.scaling.clone(),
+            .enumerate()
+            .map(|(i, f)| {
+                let replicas = replicas(FleetId(i), f);
+                Fleet {
+                    name: f.name.clone(),
+                    seed: xxh3_64(f.name.as_bytes()),
+                    region: f.region.clone(),
+                    by_addr: by_addr(&replicas),
+                    replicas,
+                    capacity: f.capacity.clone(),
+                    cost: f.cost.clone(),
+                    hosts: f.hosts,
+                    scaling: f.scaling.clone(),
+                }
             })
             .collect::<Vec<_>>();
         let stages = cfg
@@ -260,7 +293,46 @@ impl Topology {
             health_check: cfg.health_check.clone(),
             engine_metrics: cfg.engine_metrics.clone(),
             generation,
+            layout,
         }
+    }
+
+    /// A copy as `generation`, with the replicas of the `changed` fleets replaced.
+    pub fn with_replicas(
+        &self,
+        generation: u64,
+        changed: impl IntoIterator<Item = (FleetId, Slots<Replica>)>,
+    ) -> Topology {
+        let mut t = self.clone();
+        t.generation = generation;
+        for (f, replicas) in changed {
+            if let Some(fleet) = t.fleets.get_mut(f.index()) {
+                fleet.by_addr = by_addr(&replicas);
+                fleet.replicas = replicas;
+            }
+        }
+        t
+    }
+
+    /// The replica that ids handed out in `generation` name, if it is still
+    /// the same member in the same slot: the fleet order has not changed
+    /// since, and the slot's member took it no later than `generation`.
+    pub fn resolves(
+        &self,
+        generation: u64,
+        fleet: FleetId,
+        replica: ReplicaId,
+    ) -> Option<&Replica> {
+        if !self.knows(generation) {
+            return None;
+        }
+        let r = self.fleets.get(fleet.index())?.replicas.get(replica)?;
+        (r.since <= generation).then_some(r)
+    }
+
+    /// Whether fleet and stage ids handed out in `generation` mean the same now.
+    pub fn knows(&self, generation: u64) -> bool {
+        (self.layout..=self.generation).contains(&generation)
     }
 
     pub fn fleet_index(&self, name: &str) -> Option<FleetId> {
@@ -289,6 +361,20 @@ impl Fleet {
     }
 }
 
+fn by_addr(replicas: &Slots<Replica>) -> HashMap<String, ReplicaId> {
+    replicas
+        .iter()
+        .map(|(id, r)| (r.addr.clone(), id))
+        .collect()
+}
+
+/// `ip:port` as Envoy writes a host (IPv6 in brackets, no leading zeros);
+/// text that is not an address (never in a valid config) stays as it is.
+pub fn canonical_addr(text: &str) -> String {
+    text.parse::<std::net::SocketAddr>()
+        .map_or_else(|_| text.to_string(), |a| a.to_string())
+}
+
 impl Topology {
     /// No fleets, no stages: the state before the first config.
     pub fn empty() -> Topology {
@@ -302,6 +388,7 @@ impl Topology {
             health_check: HealthCheckConfig::default(),
             engine_metrics: EngineMetricsConfig::default(),
             generation: 0,
+            layout: 0,
         }
     }
 }

@@ -142,6 +142,9 @@ impl Rig {
             },
             Instant::now(),
         );
+        // Replicas that left are withdrawn at the first tick a tick after
+        // they started leaving, once idle (none here has a request in flight).
+        self.writer.tick(Instant::now() + fleetroute::state::TICK);
     }
 
     fn requests(&self, result: &str) -> u64 {

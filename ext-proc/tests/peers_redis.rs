@@ -196,7 +196,7 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
     until("both ready", || {
         [&a, &b]
             .iter()
-            .all(|n| n.shared.snapshot().replicas[0].iter().all(|r| r.ready()))
+            .all(|n| n.shared.snapshot().replicas[0].values().all(|r| r.ready()))
     })
     .await;
 

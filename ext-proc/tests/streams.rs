@@ -118,7 +118,7 @@ impl Rig {
         let snap = self.shared.snapshot();
         snap.topo.fleets[0]
             .replicas
-            .iter()
+            .values()
             .map(|r| r.load.inflight())
             .sum()
     }

@@ -38,6 +38,9 @@ pub enum ReplicaState {
     /// Ejected as an outlier.
     Ejected,
     Draining,
+    /// No longer listed by its fleet's source (or the config): no new
+    /// requests; removed once idle or after `membership.removal_grace_ms`.
+    Leaving,
     Unhealthy,
     /// Not probed yet.
     Unknown,
@@ -50,6 +53,7 @@ impl ReplicaState {
             ReplicaState::Warming => "warming",
             ReplicaState::Ejected => "ejected",
             ReplicaState::Draining => "draining",
+            ReplicaState::Leaving => "leaving",
             ReplicaState::Unhealthy => "unhealthy",
             ReplicaState::Unknown => "unknown",
         }
@@ -59,12 +63,21 @@ impl ReplicaState {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ReplicaView {
     pub addr: String,
+    /// Its slot in the fleet (its bit in the prefix index), stable while it is a member.
+    #[serde(default)]
+    pub slot: usize,
+    /// `pod-name/pod-uid` for a Kubernetes member; absent when the address is the identity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
     pub state: ReplicaState,
     pub health: Health,
     pub ready: bool,
     pub warm: bool,
     pub ejected: bool,
     pub draining: bool,
+    /// See [`ReplicaState::Leaving`].
+    #[serde(default)]
+    pub leaving: bool,
     pub inflight: u32,
     pub queued_tokens: u64,
     pub engine_running: u32,

@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
@@ -34,6 +35,9 @@ pub struct AdminState {
     pub reloader: Reloader,
     pub token: Option<String>,
     pub change_timeout: Duration,
+    /// Set once every replica had been probed: a member joining later does
+    /// not take the router out of its own Service while it is probed.
+    ready: Arc<AtomicBool>,
 }
 
 impl AdminState {
@@ -43,6 +47,7 @@ impl AdminState {
             reloader,
             token,
             change_timeout: CHANGE_TIMEOUT,
+            ready: Arc::default(),
         }
     }
 }
@@ -67,10 +72,18 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Ready once every replica has been probed at least once.
+/// Ready once every replica has been probed at least once; then it stays
+/// ready (replicas that join later are probed while the router serves).
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    match views::unprobed(&s.shared.snapshot()) {
-        0 => (StatusCode::OK, "ready\n".to_string()),
+    let unprobed = match s.ready.load(Ordering::Relaxed) {
+        true => 0,
+        false => views::unprobed(&s.shared.snapshot()),
+    };
+    match unprobed {
+        0 => {
+            s.ready.store(true, Ordering::Relaxed);
+            (StatusCode::OK, "ready\n".to_string())
+        }
         n => (
             StatusCode::SERVICE_UNAVAILABLE,
             format!("{n} replicas not probed yet\n"),

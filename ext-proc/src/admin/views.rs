@@ -15,6 +15,9 @@ fn health_view(h: health::Health) -> Health {
 
 /// Same precedence as the state's own label (a test holds them equal).
 fn replica_state(st: &state::ReplicaState) -> ReplicaState {
+    if st.leaving {
+        return ReplicaState::Leaving;
+    }
     match st.health {
         health::Health::Unknown => ReplicaState::Unknown,
         health::Health::Unhealthy => ReplicaState::Unhealthy,
@@ -54,11 +57,13 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
         replicas: fleet
             .replicas
             .iter()
-            .enumerate()
             .map(|(r, rep)| {
                 let st = snap.replicas[f][r];
                 ReplicaView {
                     addr: rep.addr.clone(),
+                    slot: r.index(),
+                    member: (*rep.identity != *rep.addr).then(|| rep.identity.to_string()),
+                    leaving: st.leaving,
                     state: replica_state(&st),
                     health: health_view(st.health),
                     ready: st.ready(),
@@ -119,8 +124,8 @@ pub fn snapshot_view(snap: &Snapshot) -> SnapshotView {
 pub fn unprobed(snap: &Snapshot) -> usize {
     snap.replicas
         .iter()
-        .flatten()
-        .filter(|r| r.health == health::Health::Unknown)
+        .flat_map(|f| f.values())
+        .filter(|r| r.health == health::Health::Unknown && !r.leaving)
         .count()
 }
 
@@ -135,12 +140,13 @@ mod tests {
             health::Health::Healthy,
             health::Health::Unhealthy,
         ] {
-            for bits in 0..8u8 {
+            for bits in 0..16u8 {
                 let st = state::ReplicaState {
                     health,
                     warm: bits & 1 != 0,
                     ejected: bits & 2 != 0,
                     draining: bits & 4 != 0,
+                    leaving: bits & 8 != 0,
                 };
                 assert_eq!(replica_state(&st).as_str(), st.label(), "{st:?}");
             }

@@ -74,6 +74,14 @@ impl Default for PeersConfig {
     }
 }
 
+impl Default for MembershipConfig {
+    fn default() -> Self {
+        MembershipConfig {
+            removal_grace_ms: 30_000,
+        }
+    }
+}
+
 impl Default for ScalingConfig {
     fn default() -> Self {
         ScalingConfig {
@@ -189,6 +197,8 @@ mod tests {
     const MINIMAL: &str = r#"
 fleets:
   - { name: f, region: r, endpoints: ["10.0.0.1:8000"] }
+  - { name: d, region: r, dns: { name: d.example, port: 80 } }
+  - { name: k, region: r, kubernetes: { namespace: llm, service: k } }
 stages:
   - name: p
     fleets: [f]

@@ -5,6 +5,7 @@ mod defaults;
 mod envoy;
 mod model;
 mod routing;
+mod source;
 mod valid;
 mod validate;
 
@@ -15,6 +16,7 @@ pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use model::*;
 pub use routing::*;
+pub use source::*;
 pub use valid::{ValidConfig, validate};
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -18,6 +18,9 @@ pub struct RouterConfig {
     /// Several instances of one deployment: what they share through Redis.
     #[serde(default)]
     pub peers: PeersConfig,
+    /// How fleets' members come and go (see `membership`).
+    #[serde(default)]
+    pub membership: MembershipConfig,
     /// Stage for requests whose model names no stage (or that name none).
     #[serde(default)]
     pub default_stage: Option<String>,
@@ -88,14 +91,31 @@ pub struct PeersConfig {
     pub max_batch_bytes: usize,
 }
 
+/// A member that leaves (its source or the config no longer lists it) stops
+/// taking new requests at once and is removed once idle or after the grace.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MembershipConfig {
+    /// Longest a leaving replica is kept for its requests in flight.
+    pub removal_grace_ms: u64,
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FleetConfig {
     /// Also the Envoy cluster name.
     pub name: String,
     pub region: String,
-    #[serde(default)]
+    /// The members, `ip:port` as the Envoy cluster lists them. Exactly one
+    /// of `endpoints`, `dns` and `kubernetes` is set (see `source`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub endpoints: Vec<String>,
+    /// Members from DNS records of a name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<super::DnsSource>,
+    /// Members from a Kubernetes Service's EndpointSlices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<super::KubernetesSource>,
     #[serde(default)]
     pub cost: Option<CostConfig>,
     #[serde(default)]

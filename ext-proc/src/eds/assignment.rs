@@ -14,13 +14,15 @@
 //!   from replicas fleetroute would not pick. Ready → HEALTHY; healthy but
 //!   warming or ejected → DEGRADED (used only when too few are healthy);
 //!   failing its checks → UNHEALTHY; not probed yet → UNKNOWN (Envoy reads it
-//!   as healthy); draining → DRAINING (Envoy excludes it from balancing, and
-//!   its in-flight requests finish: a status change closes no connection).
+//!   as healthy); draining, or leaving (its membership source no longer
+//!   lists it; it stays listed until fleetroute removes it) → DRAINING
+//!   (Envoy excludes it from balancing, and its in-flight requests finish: a
+//!   status change closes no connection).
 //! - Fail-open clusters carry only DRAINING. Envoy health-checks them itself,
 //!   and they serve exactly when fleetroute is gone: a health verdict pushed
 //!   before fleetroute went down would stay frozen and keep a recovered
-//!   replica out of fail-open. A drain is an operator's instruction, so it
-//!   holds there too.
+//!   replica out of fail-open. A drain is an operator's instruction, and a
+//!   leaver is on its way out, so both hold there too.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -37,15 +39,14 @@ use envoy_types::pb::google::protobuf::UInt32Value;
 use crate::fail_open;
 use crate::state::health::Health;
 use crate::state::{ReplicaState, Snapshot};
-use crate::topology::Fleet;
+use crate::topology::{Fleet, Slots};
 
 /// Every cluster fleetroute serves, by name: the fleets', then the stages'
 /// fail-open clusters (their names cannot collide: fleet names hold no '/').
 pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
     let mut out = BTreeMap::new();
     for (f, fleet) in snap.topo.fleets.iter().enumerate() {
-        let states = snap.replicas.get(f).map_or(&[][..], Vec::as_slice);
-        let lb_endpoints = members(fleet, states, fleet_status);
+        let lb_endpoints = members(fleet, snap.replicas.get(f), fleet_status);
         let cla = ClusterLoadAssignment {
             cluster_name: fleet.name.clone(),
             endpoints: vec![LocalityLbEndpoints {
@@ -58,10 +59,13 @@ pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
     }
     for stage in &snap.config.stages {
         let name = fail_open::cluster_name(&stage.name);
+        // Leavers take no share of the fail-open split.
         let count = |fleet: &str| {
-            snap.topo
-                .fleet_index(fleet)
-                .map_or(0, |f| snap.topo.fleets[f].replicas.len())
+            snap.topo.fleet_index(fleet).map_or(0, |f| {
+                snap.replicas
+                    .get(f.index())
+                    .map_or(0, |s| s.values().filter(|r| !r.leaving).count())
+            })
         };
         let mut endpoints = Vec::new();
         for l in fail_open::plan_with(stage, count) {
@@ -69,7 +73,7 @@ pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
                 continue;
             };
             let fleet = &snap.topo.fleets[f];
-            let states = snap.replicas.get(f.index()).map_or(&[][..], Vec::as_slice);
+            let states = snap.replicas.get(f.index());
             endpoints.push(LocalityLbEndpoints {
                 locality: Some(Locality {
                     sub_zone: l.fleet.clone(),
@@ -106,17 +110,18 @@ pub fn empty(name: &str) -> ClusterLoadAssignment {
 
 fn members(
     fleet: &Fleet,
-    states: &[ReplicaState],
+    states: Option<&Slots<ReplicaState>>,
     status: fn(&ReplicaState) -> HealthStatus,
 ) -> Vec<LbEndpoint> {
     fleet
         .replicas
         .iter()
-        .enumerate()
         .filter_map(|(r, rep)| {
-            // Validated as ip:port when the config was loaded.
+            // An address Envoy formats (from the config or a source).
             let addr: SocketAddr = rep.addr.parse().ok()?;
-            let health = states.get(r).map_or(HealthStatus::Unknown, status);
+            let health = states
+                .and_then(|s| s.get(r))
+                .map_or(HealthStatus::Unknown, status);
             Some(lb_endpoint(addr, health))
         })
         .collect()
@@ -141,7 +146,7 @@ fn lb_endpoint(addr: SocketAddr, health: HealthStatus) -> LbEndpoint {
 
 /// A fleet cluster's member: fleetroute's view (see the module doc).
 pub fn fleet_status(s: &ReplicaState) -> HealthStatus {
-    if s.draining {
+    if s.draining || s.leaving {
         return HealthStatus::Draining;
     }
     match s.health {
@@ -154,7 +159,7 @@ pub fn fleet_status(s: &ReplicaState) -> HealthStatus {
 
 /// A fail-open cluster's member: Envoy's own checks decide, except a drain.
 pub fn fallback_status(s: &ReplicaState) -> HealthStatus {
-    if s.draining {
+    if s.draining || s.leaving {
         HealthStatus::Draining
     } else {
         HealthStatus::Unknown

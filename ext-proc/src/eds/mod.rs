@@ -1,8 +1,9 @@
 //! fleetroute serves Envoy's endpoints (EDS) for every cluster its bootstrap
 //! renders, from the same snapshot it routes on, so Envoy's members and
 //! fleetroute's agree by construction: the fleet clusters list exactly the
-//! topology's replicas (a draining one included, until the topology drops
-//! it), the stages' fail-open clusters their fleets' replicas by locality.
+//! topology's replicas (a draining or leaving one included, as DRAINING,
+//! until the topology drops it), the stages' fail-open clusters their
+//! fleets' replicas by locality.
 //!
 //! Variant: state-of-the-world over ADS (`AggregatedDiscoveryService.
 //! StreamAggregatedResources`, endpoints only), because for Envoy 1.40 it is

@@ -15,8 +15,8 @@ use hickory_resolver::proto::rr::{RData, RecordType};
 use hickory_resolver::{Resolver, TokioResolver};
 use tokio::task::JoinHandle;
 
-use super::source_config::DnsSource;
 use super::{MAX_MEMBERS, Member, MembershipTx, SourceCounters};
+use crate::config::DnsSource;
 
 /// Shortest time between two lookups, whatever the TTL says (a TTL of 0 must
 /// not turn into a query loop).

@@ -14,8 +14,8 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Config, ResourceExt};
 use tokio::task::JoinHandle;
 
-use super::source_config::KubernetesSource;
 use super::{MAX_MEMBERS, Member, MemberId, MembershipTx, SourceCounters};
+use crate::config::KubernetesSource;
 
 /// At most this many EndpointSlices per Service are held (the API server
 /// puts up to 100 endpoints in one slice, so this covers the member bound).

@@ -1,11 +1,11 @@
 //! Fleet membership sources: where a fleet's replicas come from when they are
-//! not a static list. Every source (static `endpoints`, `dns`, `kubernetes`)
-//! produces the same [`MembershipUpdate`]: the full, normalised set of members
-//! of one fleet, published on a `watch` channel only when the set changes.
+//! not a static list (the config's `dns` and `kubernetes`, see
+//! `config::Source`). Every source produces the same [`MembershipUpdate`]: the
+//! full, normalised set of members of one fleet, published on a `watch`
+//! channel only when the set changes.
 
 pub mod dns;
 pub mod kubernetes;
-pub mod source_config;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -74,7 +74,7 @@ pub fn candidates(
     // keys: a request-id hash never comes back).
     let avoid = key
         .conversation()
-        .and_then(|k| snap.failed_keys.avoid(k, topo.generation));
+        .and_then(|k| snap.failed_keys.avoid(k, topo.layout));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
     let mut matches = Matches::default();
     for &f in &stage.fleets {
@@ -90,16 +90,19 @@ pub fn candidates(
         let mut ready: Vec<ReadyReplica> = fleet
             .replicas
             .iter()
-            .enumerate()
-            .filter(|(r, _)| snap.replicas[f][*r].ready())
+            .filter(|&(r, _)| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
             .map(|(r, rep)| ReadyReplica {
-                replica: ReplicaId(r),
+                replica: r,
                 unit: unit(key.key, rep.seed),
-                matched: if depth == 0 { 0 } else { matches[ReplicaId(r)] },
+                matched: if depth == 0 { 0 } else { matches[r] },
             })
             .collect();
         if let Some(a) = avoid.filter(|a| a.fleet == f) {
-            let failed = |r: &ReadyReplica| a.mask & (1 << r.replica.index()) != 0;
+            // A bit counts while its slot holds the member that failed.
+            let failed = |r: &ReadyReplica| {
+                a.mask & (1 << r.replica.index()) != 0
+                    && fleet.replicas[r.replica].since <= a.generation
+            };
             // Skip them while another ready replica remains.
             if ready.iter().any(|r| !failed(r)) {
                 ready.retain(|r| !failed(r));

@@ -51,5 +51,5 @@ pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<Flee
     let resident = key
         .residency
         .is_none_or(|r| split_regions(r).any(|x| x == region));
-    (sampled && resident && snap.replicas[fleet].iter().any(|r| r.ready())).then_some(fleet)
+    (sampled && resident && snap.replicas[fleet].values().any(|r| r.ready())).then_some(fleet)
 }

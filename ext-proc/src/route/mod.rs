@@ -139,3 +139,6 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         sampling_key: key.conversation(),
     })
 }
+
+#[cfg(test)]
+mod membership_tests;

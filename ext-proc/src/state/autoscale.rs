@@ -97,7 +97,7 @@ pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<Repl
         .enumerate()
         .map(|(f, fleet)| {
             let (mut inflight, mut waiting) = (0.0, 0.0);
-            for r in &fleet.replicas {
+            for r in fleet.replicas.values() {
                 inflight += f64::from(r.load.inflight());
                 waiting += f64::from(
                     r.load
@@ -105,7 +105,12 @@ pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<Repl
                         .max(r.load.prefilling().saturating_sub(1)),
                 );
             }
-            let n = fleet.replicas.len() as u32;
+            // Without host bounds: its members now (leaving ones not counted).
+            let n = fleets[f]
+                .replicas
+                .values()
+                .filter(|m| m.leaving.is_none())
+                .count() as u32;
             let bounds = fleet.hosts.map_or((n, n), |b| (b.min, b.max));
             Signal {
                 ready: ready[f].len() as u32,

@@ -77,14 +77,14 @@ fn known_fleets(cfg: &RouterConfig, ex: &ExperimentConfig) -> Result<(), ChangeE
 
 impl Writer {
     pub(super) fn change(&mut self, change: Change, now: Instant) -> Result<String, ChangeError> {
-        let result = self.apply_change(change);
+        let result = self.apply_change(change, now);
         if result.is_ok() {
             self.publish_if_dirty(now);
         }
         result
     }
 
-    fn apply_change(&mut self, change: Change) -> Result<String, ChangeError> {
+    fn apply_change(&mut self, change: Change, now: Instant) -> Result<String, ChangeError> {
         let m = &self.shared.metrics;
         match change {
             Change::Reload { config, source } => {
@@ -93,7 +93,7 @@ impl Writer {
                         result: "applied".into(),
                     })
                     .inc();
-                self.install(*config);
+                self.install(*config, now);
                 Ok(format!(
                     "config reloaded ({source}), generation {}",
                     self.topo.generation
@@ -126,7 +126,7 @@ impl Writer {
                         "stage '{stage}' would have no fleet with a weight above 0"
                     )));
                 }
-                self.commit(cfg)?;
+                self.commit(cfg, now)?;
                 Ok(format!(
                     "stage '{stage}': weight of fleet '{fleet}' {old} -> {weight} (others unchanged)"
                 ))
@@ -140,7 +140,7 @@ impl Writer {
                     .ok_or_else(|| ChangeError::Unknown(format!("no fleet '{fleet}'")))?;
                 let old = f.hosts;
                 f.hosts = Some(Bounds { min, max });
-                self.commit(cfg)?;
+                self.commit(cfg, now)?;
                 Ok(format!(
                     "fleet '{fleet}': hosts {} -> min {min}, max {max}",
                     old.map_or("unset".to_string(), |b| format!(
@@ -154,7 +154,7 @@ impl Writer {
                 let s = stage_index(&cfg, &stage)?;
                 known_fleets(&cfg, &experiment)?;
                 let old = std::mem::replace(&mut cfg.stages[s].experiment, experiment.clone());
-                self.commit(cfg)?;
+                self.commit(cfg, now)?;
                 let show = |e: &ExperimentConfig| serde_json::to_string(e).unwrap_or_default();
                 Ok(format!(
                     "stage '{stage}': experiment {} -> {}",
@@ -165,11 +165,11 @@ impl Writer {
             Change::Drain { replica, drain } => {
                 let mut found = Vec::new();
                 for (f, fleet) in self.topo.fleets.iter().enumerate() {
-                    for (r, rep) in fleet.replicas.iter().enumerate() {
-                        if rep.addr == replica {
-                            self.fleets[f].replicas[r].draining = drain;
-                            found.push(fleet.name.clone());
-                        }
+                    if let Some(r) = fleet.replica_index(&replica)
+                        && let Some(m) = self.fleets[f].replicas.get_mut(r)
+                    {
+                        m.draining = drain;
+                        found.push(fleet.name.clone());
                     }
                 }
                 if found.is_empty() {
@@ -192,10 +192,10 @@ impl Writer {
     }
 
     /// Validates a whole edited config and swaps it in.
-    fn commit(&mut self, cfg: RouterConfig) -> Result<(), ChangeError> {
+    fn commit(&mut self, cfg: RouterConfig, now: Instant) -> Result<(), ChangeError> {
         let cfg = crate::config::validate(cfg).map_err(|e| ChangeError::Conflict(e.to_string()))?;
         self.shared.metrics.admin_changes.inc();
-        self.install(cfg);
+        self.install(cfg, now);
         Ok(())
     }
 }

@@ -64,10 +64,9 @@ impl DecisionRecord {
                 .map(|s| s.name.clone())
                 .unwrap_or_default(),
             fleet: name(r.fleet).unwrap_or_default(),
+            // Empty if its slot holds another member by now.
             replica: topo
-                .fleets
-                .get(r.fleet.index())
-                .and_then(|f| f.replicas.get(r.replica.index()))
+                .resolves(r.generation, r.fleet, r.replica)
                 .map(|x| x.addr.clone())
                 .unwrap_or_default(),
             key_source: r.key_source,

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use nohash_hasher::BuildNoHashHasher;
 
-use crate::topology::{FleetId, ReplicaId};
+use crate::topology::{FleetId, ReplicaId, Topology};
 
 /// Most conversations remembered.
 pub const CAPACITY: usize = 65_536;
@@ -26,7 +26,8 @@ type Map = papaya::HashMap<u64, Avoid, BuildNoHashHasher<u64>>;
 /// The replicas of one fleet a key should not return to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Avoid {
-    /// The topology generation the indices belong to.
+    /// The topology generation the slots belong to: a bit counts only while
+    /// its slot holds a member that was there then (`Replica::since`).
     pub generation: u64,
     pub fleet: FleetId,
     /// One bit per replica index (fleets hold at most 64).
@@ -41,14 +42,15 @@ pub struct FailedKeys {
 }
 
 impl FailedKeys {
-    /// The replicas of `fleet` that `key` should skip (a bitmask, 0 = none).
+    /// The replicas of `fleet` that `key` should skip (a bitmask, 0 = none),
+    /// unless fleet ids changed meaning since (`Topology::layout`).
     #[inline]
-    pub fn avoid(&self, key: u64, generation: u64) -> Option<Avoid> {
+    pub fn avoid(&self, key: u64, layout: u64) -> Option<Avoid> {
         self.map
             .pin()
             .get(&key)
             .copied()
-            .filter(|a| a.generation == generation)
+            .filter(|a| a.generation >= layout)
     }
 
     pub fn len(&self) -> usize {
@@ -72,15 +74,17 @@ impl FailedKeysWriter {
         self.keys.clone()
     }
 
-    /// `replica` of `fleet` failed the conversation `key`.
+    /// `replica` of `fleet` (in `topo`, the topology in effect) failed the
+    /// conversation `key`.
     pub fn record(
         &mut self,
         now: Instant,
         key: u64,
-        generation: u64,
+        topo: &Topology,
         fleet: FleetId,
         replica: ReplicaId,
     ) {
+        let generation = topo.generation;
         let replica = replica.index();
         if replica >= 64 {
             return;
@@ -88,7 +92,10 @@ impl FailedKeysWriter {
         {
             let map = self.keys.map.pin();
             let mask = match map.get(&key) {
-                Some(a) if a.generation == generation && a.fleet == fleet => a.mask,
+                // Earlier failures of members still in their slots.
+                Some(a) if a.generation >= topo.layout && a.fleet == fleet => {
+                    still_there(topo, fleet, a.generation, a.mask)
+                }
                 _ => 0,
             } | (1 << replica);
             map.insert(
@@ -131,34 +138,65 @@ impl FailedKeysWriter {
     }
 }
 
+/// The bits of `mask` whose slots hold the member they held in `generation`.
+pub fn still_there(topo: &Topology, fleet: FleetId, generation: u64, mask: u64) -> u64 {
+    let mut out = 0;
+    let mut rest = mask;
+    while rest != 0 {
+        let bit = rest.trailing_zeros() as usize;
+        if topo.resolves(generation, fleet, ReplicaId(bit)).is_some() {
+            out |= 1 << bit;
+        }
+        rest &= rest - 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Three fleets of four replicas, generation 1.
+    fn topo() -> Topology {
+        let fleet = |n: u8| {
+            format!(
+                "  - {{ name: f{n}, region: r, endpoints: ['10.0.{n}.1:1', '10.0.{n}.2:1', '10.0.{n}.3:1', '10.0.{n}.4:1'] }}\n"
+            )
+        };
+        let yaml = format!(
+            "fleets:\n{}{}{}stages: [{{ name: s, fleets: [f0, f1, f2] }}]\n",
+            fleet(0),
+            fleet(1),
+            fleet(2)
+        );
+        Topology::from_config(&crate::config::RouterConfig::parse_valid(&yaml).unwrap(), 1)
+    }
+
     #[test]
     fn failures_accumulate_per_fleet_and_expire() {
+        let t = topo();
         let now = Instant::now();
         let mut w = FailedKeysWriter::default();
         let keys = w.keys();
-        w.record(now, 7, 1, FleetId(0), ReplicaId(1));
-        w.record(now, 7, 1, FleetId(0), ReplicaId(3));
+        w.record(now, 7, &t, FleetId(0), ReplicaId(1));
+        w.record(now, 7, &t, FleetId(0), ReplicaId(3));
         assert_eq!(
             keys.avoid(7, 1).map(|a| (a.fleet, a.mask)),
             Some((FleetId(0), 0b1010))
         );
-        // Another generation's indices mean nothing.
+        // Fleet ids that changed meaning (a reload reordered fleets) mean nothing.
         assert_eq!(keys.avoid(7, 2), None);
         // A failure in another fleet replaces the entry.
-        w.record(now, 7, 1, FleetId(2), ReplicaId(0));
+        w.record(now, 7, &t, FleetId(2), ReplicaId(0));
         assert_eq!(
             keys.avoid(7, 1).map(|a| (a.fleet, a.mask)),
             Some((FleetId(2), 1))
         );
         let later = now + TTL / 2;
-        w.record(later, 8, 1, FleetId(0), ReplicaId(0));
+        w.record(later, 8, &t, FleetId(0), ReplicaId(0));
         // Failed again later: its first failure's expiry does not remove it.
-        w.record(now, 9, 1, FleetId(0), ReplicaId(0));
-        w.record(later, 9, 1, FleetId(0), ReplicaId(1));
+        w.record(now, 9, &t, FleetId(0), ReplicaId(0));
+        w.record(later, 9, &t, FleetId(0), ReplicaId(1));
         w.expire(now + TTL + Duration::from_secs(1));
         assert_eq!(keys.avoid(7, 1), None);
         assert!(keys.avoid(8, 1).is_some());
@@ -168,12 +206,35 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_taken_by_a_new_member_loses_its_old_failures() {
+        let t1 = topo();
+        let now = Instant::now();
+        let mut w = FailedKeysWriter::default();
+        let keys = w.keys();
+        w.record(now, 7, &t1, FleetId(0), ReplicaId(1));
+        w.record(now, 7, &t1, FleetId(0), ReplicaId(2));
+        // Generation 2: slot 2 holds a new member; slot 1's stays.
+        let mut reps = t1.fleets[0].replicas.clone();
+        reps.remove(ReplicaId(2));
+        reps.insert(
+            ReplicaId(2),
+            crate::topology::Replica::joining("f0", "10.0.0.9:1".into(), "10.0.0.9:1".into(), 2),
+        );
+        let t2 = t1.with_replicas(2, [(FleetId(0), reps)]);
+        assert_eq!(still_there(&t2, FleetId(0), 1, 0b110), 0b010);
+        w.record(now, 7, &t2, FleetId(0), ReplicaId(3));
+        let a = keys.avoid(7, t2.layout).unwrap();
+        assert_eq!((a.generation, a.mask), (2, 0b1010));
+    }
+
+    #[test]
     fn the_map_is_bounded() {
+        let t = topo();
         let now = Instant::now();
         let mut w = FailedKeysWriter::default();
         let keys = w.keys();
         for k in 0..CAPACITY as u64 + 100 {
-            w.record(now, k, 1, FleetId(0), ReplicaId(0));
+            w.record(now, k, &t, FleetId(0), ReplicaId(0));
         }
         assert!(keys.len() <= CAPACITY, "{}", keys.len());
         assert_eq!(keys.avoid(0, 1), None, "the oldest went first");

@@ -8,7 +8,7 @@ use futures::future::join_all;
 
 use super::{Event, Shared};
 use crate::config::HealthCheckConfig;
-use crate::topology::{FleetId, ReplicaId};
+use crate::topology::FleetId;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -76,8 +76,7 @@ pub async fn run_checks(shared: Arc<Shared>) {
         let mut probes = Vec::new();
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
             let f = FleetId(f);
-            for (r, replica) in fleet.replicas.iter().enumerate() {
-                let r = ReplicaId(r);
+            for (r, replica) in fleet.replicas.iter() {
                 let url = format!("http://{}{}", replica.addr, cfg.path);
                 let client = &client;
                 probes.push(async move {
@@ -115,10 +114,9 @@ pub async fn run_warmups(shared: Arc<Shared>) {
         let mut warmups = Vec::new();
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
             let f = FleetId(f);
-            for (r, replica) in fleet.replicas.iter().enumerate() {
-                let r = ReplicaId(r);
+            for (r, replica) in fleet.replicas.iter() {
                 let st = snap.replicas[f][r];
-                if st.health != Health::Healthy || st.warm {
+                if st.health != Health::Healthy || st.warm || st.leaving {
                     continue;
                 }
                 let stages: Vec<_> = snap

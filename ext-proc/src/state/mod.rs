@@ -26,6 +26,7 @@
 //! - The peer outbox (a bounded channel, see `peer`): only the writer sends
 //!   its own prefix changes; the peer link takes them to other instances.
 //!
+//!
 //! Nothing else is shared: every other change goes to the writer as an
 //! `Event` and is applied in its order.
 
@@ -37,6 +38,7 @@ pub mod failed_keys;
 pub mod figures;
 pub mod health;
 pub mod lease;
+mod members;
 mod migrate;
 mod model;
 pub mod observation;
@@ -47,6 +49,7 @@ mod recorder;
 pub mod saturation;
 pub mod scrape;
 mod snapshot;
+pub mod sources;
 pub mod usage;
 pub mod warmup;
 mod writer;
@@ -71,17 +74,18 @@ use lease::{LeaseInput, Leases};
 use prefix_index::PrefixIndex;
 pub use writer::Writer;
 
-use crate::config::RouterConfig;
+use crate::config::{RouterConfig, Source};
+use crate::membership::Member;
 use crate::metrics::Metrics;
-use crate::topology::{FleetId, ReplicaId, StageId, Topology};
+use crate::topology::{FleetId, ReplicaId, Slots, StageId, Topology};
 pub use observation::Observation;
 
 /// What the decision path reads for one request.
 #[derive(Debug)]
 pub struct Snapshot {
     pub topo: Arc<Topology>,
-    /// `[fleet][replica]`, parallel to `topo.fleets[f].replicas`.
-    pub replicas: Vec<Vec<ReplicaState>>,
+    /// `[fleet][replica]`, the same slots as `topo.fleets[f].replicas`.
+    pub replicas: Vec<Slots<ReplicaState>>,
     /// Parallel to `topo.fleets`.
     pub fleets: Vec<FleetState>,
     /// `[stage][i]`, parallel to `topo.stages[s].fleets`.
@@ -99,15 +103,25 @@ pub struct ReplicaState {
     pub warm: bool,
     pub ejected: bool,
     pub draining: bool,
+    /// Its source (or the config) no longer lists it: no new requests, and
+    /// it is removed once idle or after `membership.removal_grace_ms`.
+    pub leaving: bool,
 }
 
 impl ReplicaState {
     pub fn ready(&self) -> bool {
-        self.health == Health::Healthy && self.warm && !self.ejected && !self.draining
+        self.health == Health::Healthy
+            && self.warm
+            && !self.ejected
+            && !self.draining
+            && !self.leaving
     }
 
     /// The one word an operator sees.
     pub fn label(&self) -> &'static str {
+        if self.leaving {
+            return "leaving";
+        }
         match self.health {
             Health::Unknown => "unknown",
             Health::Unhealthy => "unhealthy",
@@ -193,6 +207,13 @@ pub enum Event {
     Observed(Box<Observation>),
     /// A prefix-index change another instance made (see `peer`).
     Peer(Box<peer::PeerUpdate>),
+    /// A fleet's full member set from its source (see `sources`); applied
+    /// only while the fleet's configured source is still `source`.
+    Membership {
+        fleet: String,
+        source: Source,
+        members: Vec<Member>,
+    },
     /// A change of config or replica state; the reply says what changed, or
     /// why it was refused (the running state then stays as it was).
     Change {
@@ -259,8 +280,9 @@ impl Shared {
     }
 
     /// Wakes when the replicas change: a new topology installed (a reload,
-    /// an admin edit; later, a membership source) or a replica's state
-    /// flipped. Read the snapshot after waking; changes in between coalesce.
+    /// an admin edit, a member joining, leaving or removed: every one goes
+    /// through `Writer::set_topology`) or a replica's state flipped. Read
+    /// the snapshot after waking; changes in between coalesce.
     pub fn watch_replicas(&self) -> watch::Receiver<u64> {
         self.replica_view.subscribe()
     }

@@ -14,7 +14,8 @@ use super::prefix_index::IndexWriter;
 use super::saturation::Saturation;
 use super::{ReplicaState, Routed};
 use crate::config::{HealthCheckConfig, OutlierConfig};
-use crate::topology::{ById, Fleet, FleetId, ReplicaId, Topology};
+use crate::membership::Member;
+use crate::topology::{Fleet, FleetId, ReplicaId, Slots, Topology};
 
 /// The writer's model of one replica.
 #[derive(Debug, Default)]
@@ -23,6 +24,8 @@ pub(super) struct ReplicaModel {
     pub(super) warm: bool,
     pub(super) outlier: ReplicaOutlier,
     pub(super) draining: bool,
+    /// Since when its source no longer lists it (see `members`).
+    pub(super) leaving: Option<Instant>,
     /// Ejected as of the last tick (to say when an ejection ends).
     ejected: bool,
 }
@@ -42,6 +45,7 @@ impl ReplicaModel {
             warm: self.warm,
             ejected: self.outlier.is_ejected(now),
             draining: self.draining,
+            leaving: self.leaving.is_some(),
         }
     }
 }
@@ -53,18 +57,23 @@ pub(super) struct FleetModel {
     pub(super) saturation: Saturation,
     pub(super) desired: u32,
     pub(super) figures: FleetFigures,
-    pub(super) replicas: Vec<ReplicaModel>,
+    /// The same slots as the topology's replicas of this fleet.
+    pub(super) replicas: Slots<ReplicaModel>,
+    /// Members the source lists beyond the fleet's slots, waiting for one.
+    pub(super) waiting: Vec<Member>,
 }
 
 impl FleetModel {
-    pub(super) fn new(replicas: usize, kv_tokens: u64) -> Self {
+    /// A fleet with no member yet.
+    pub(super) fn new(kv_tokens: u64) -> Self {
         FleetModel {
-            index: IndexWriter::new(replicas, kv_tokens),
+            index: IndexWriter::new(kv_tokens),
             window: FleetWindow::default(),
             saturation: Saturation::default(),
-            desired: replicas as u32,
+            desired: 0,
             figures: FleetFigures::default(),
-            replicas: (0..replicas).map(|_| ReplicaModel::default()).collect(),
+            replicas: Slots::new(),
+            waiting: Vec::new(),
         }
     }
 
@@ -77,7 +86,7 @@ impl FleetModel {
         cfg: &HealthCheckConfig,
         warmup: bool,
     ) -> bool {
-        let Some(m) = self.replicas.by_id_mut(r) else {
+        let Some(m) = self.replicas.get_mut(r) else {
             return false;
         };
         let Some(now) = m.health.record(ok, cfg) else {
@@ -94,7 +103,7 @@ impl FleetModel {
 
     /// One warmup run; true when the replica joined the rotation.
     pub(super) fn warmup(&mut self, fleet: &Fleet, r: ReplicaId, ok: bool) -> bool {
-        let Some(m) = self.replicas.by_id_mut(r) else {
+        let Some(m) = self.replicas.get_mut(r) else {
             return false;
         };
         if ok && !m.warm {
@@ -106,7 +115,16 @@ impl FleetModel {
     }
 
     pub(super) fn routed(&mut self, r: &Routed) {
-        self.index.insert(r.replica, &r.blocks, r.block_tokens);
+        self.cached(r.replica, &r.blocks, r.block_tokens);
+    }
+
+    /// `blocks` were sent to replica `r` (by this instance or another). A
+    /// leaver's entries are gone for good: a decision made just before it
+    /// left must not bring them back.
+    pub(super) fn cached(&mut self, r: ReplicaId, blocks: &[u64], block_tokens: u32) {
+        if self.replicas.get(r).is_some_and(|m| m.leaving.is_none()) {
+            self.index.insert(r, blocks, block_tokens);
+        }
     }
 
     /// One finished request served by replica `r`; `as_routed` when that is
@@ -137,14 +155,18 @@ impl FleetModel {
         self.window.record(now, ok, ttft_ms, work, tokens);
         if o.counts_against_replica() {
             let out = o.usage.map_or(0, |u| u.completion_tokens);
-            if let Some(m) = self.replicas.by_id_mut(r) {
+            if let Some(m) = self.replicas.get_mut(r) {
                 m.outlier
                     .record(now, ok, ttft_ms, work, o.total.as_secs_f64() * 1000.0, out);
             }
         }
         // The engine reports nothing cached where the router predicted a
         // real prefix: the replica lost its cache (restart, eviction storm).
-        let lost = ok && cached == Some(0) && o.predicted_cached_tokens > 0 && as_routed;
+        let lost = ok
+            && cached == Some(0)
+            && o.predicted_cached_tokens > 0
+            && as_routed
+            && self.replicas.get(r).is_some_and(|m| m.leaving.is_none());
         if lost {
             self.index.clear(r);
         }
@@ -153,8 +175,10 @@ impl FleetModel {
 
     /// Replicas in rotation now.
     pub(super) fn ready(&self, now: Instant) -> Vec<ReplicaId> {
-        ReplicaId::all(self.replicas.len())
-            .filter(|&r| self.replicas[r].state(now).ready())
+        self.replicas
+            .iter()
+            .filter(|(_, m)| m.state(now).ready())
+            .map(|(r, _)| r)
             .collect()
     }
 
@@ -189,7 +213,7 @@ impl FleetModel {
             fleet.cost.as_ref(),
         );
         // Ejections end by time.
-        for (r, m) in ReplicaId::all(self.replicas.len()).zip(self.replicas.iter_mut()) {
+        for (r, m) in self.replicas.iter_mut() {
             let ejected = m.outlier.is_ejected(now);
             if m.ejected && !ejected {
                 tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");
@@ -202,22 +226,28 @@ impl FleetModel {
     }
 
     fn eject(&mut self, fleet: &Fleet, cfg: &OutlierConfig, failover: bool, now: Instant) {
+        // The evaluation reads a dense list: the occupied slots, in order.
+        let ids: Vec<ReplicaId> = self.replicas.ids().collect();
         let eligible: Vec<bool> = self
             .replicas
-            .iter()
-            .map(|m| m.health.state == Health::Healthy && !m.draining)
+            .values()
+            .map(|m| m.health.state == Health::Healthy && !m.draining && m.leaving.is_none())
             .collect();
         let mut outliers: Vec<ReplicaOutlier> = self
             .replicas
             .iter_mut()
-            .map(|m| std::mem::take(&mut m.outlier))
+            .map(|(_, m)| std::mem::take(&mut m.outlier))
             .collect();
         let ejected = outlier::evaluate(&mut outliers, &eligible, cfg, failover, now);
-        for (m, o) in self.replicas.iter_mut().zip(outliers) {
+        for ((_, m), o) in self.replicas.iter_mut().zip(outliers) {
             m.outlier = o;
         }
-        for (r, d) in ejected {
-            self.replicas[r].ejected = true;
+        for (i, d) in ejected {
+            let r = ids[i];
+            let Some(m) = self.replicas.get_mut(r) else {
+                continue;
+            };
+            m.ejected = true;
             tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: failing or far behind its fleet");
         }
     }

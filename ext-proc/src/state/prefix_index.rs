@@ -13,7 +13,7 @@ use std::sync::Arc;
 use lru::LruCache;
 use nohash_hasher::BuildNoHashHasher;
 
-use crate::topology::ReplicaId;
+use crate::topology::{MAX_SLOTS, ReplicaId};
 
 /// Block hashes are already uniform xxh3 values: hashing them again is waste.
 type Map = papaya::HashMap<u64, u64, BuildNoHashHasher<u64>>;
@@ -26,14 +26,14 @@ pub struct PrefixIndex {
 
 /// Matched prefix lengths of one request, in blocks: one count per replica
 /// slot of a fleet, the slot being the replica's bit in the index's masks, so
-/// a fleet holds at most [`Matches::SLOTS`] replicas (the config is refused
-/// beyond that, and [`IndexWriter::new`] asserts it).
+/// a fleet holds at most [`Matches::SLOTS`] replicas (a static list is
+/// refused beyond that; a source's extra members wait for a free slot).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Matches([u16; Matches::SLOTS]);
 
 impl Matches {
     /// Replica slots per fleet: the bits of a `u64` mask.
-    pub const SLOTS: usize = 64;
+    pub const SLOTS: usize = MAX_SLOTS;
 }
 
 impl Default for Matches {
@@ -88,12 +88,15 @@ impl PrefixIndex {
     }
 }
 
-/// The writer's half: one LRU per replica, and the shared map kept equal to
-/// their union.
+/// The writer's half: one LRU per replica slot, and the shared map kept
+/// equal to their union. A replica that leaves costs only its own blocks
+/// (`clear`); a joiner's slot starts empty; nobody else's bit moves.
 #[derive(Debug)]
 pub struct IndexWriter {
     index: Arc<PrefixIndex>,
+    /// By slot; grown as slots are used.
     replicas: Vec<ReplicaBlocks>,
+    capacity_tokens: u64,
 }
 
 #[derive(Debug)]
@@ -103,23 +106,19 @@ struct ReplicaBlocks {
 }
 
 impl IndexWriter {
-    /// `capacity_tokens` per replica, for `replicas` replicas (at most 64).
-    pub fn new(replicas: usize, capacity_tokens: u64) -> Self {
-        assert!(
-            replicas <= Matches::SLOTS,
-            "a fleet index holds at most 64 replicas"
-        );
+    /// `capacity_tokens` per replica.
+    pub fn new(capacity_tokens: u64) -> Self {
         IndexWriter {
             index: Arc::new(PrefixIndex {
                 map: Map::with_hasher(BuildNoHashHasher::default()),
             }),
-            replicas: (0..replicas)
-                .map(|_| ReplicaBlocks {
-                    lru: LruCache::unbounded(),
-                    capacity_tokens,
-                })
-                .collect(),
+            replicas: Vec::new(),
+            capacity_tokens,
         }
+    }
+
+    pub fn capacity_tokens(&self) -> u64 {
+        self.capacity_tokens
     }
 
     pub fn index(&self) -> Arc<PrefixIndex> {
@@ -130,9 +129,17 @@ impl IndexWriter {
     /// replica's cache holds all of them.
     pub fn insert(&mut self, replica: ReplicaId, blocks: &[u64], block_tokens: u32) {
         let replica = replica.index();
-        let Some(r) = self.replicas.get_mut(replica) else {
+        if replica >= Matches::SLOTS {
             return;
-        };
+        }
+        if self.replicas.len() <= replica {
+            let capacity_tokens = self.capacity_tokens;
+            self.replicas.resize_with(replica + 1, || ReplicaBlocks {
+                lru: LruCache::unbounded(),
+                capacity_tokens,
+            });
+        }
+        let r = &mut self.replicas[replica];
         let block_tokens = u64::from(block_tokens.max(1));
         let capacity = (r.capacity_tokens / block_tokens) as usize;
         if capacity == 0 {
@@ -171,11 +178,47 @@ impl IndexWriter {
     }
 
     /// Blocks the replica is believed to hold.
-    #[cfg(test)]
     pub fn held(&self, replica: ReplicaId) -> usize {
         self.replicas
             .get(replica.index())
             .map_or(0, |r| r.lru.len())
+    }
+}
+
+#[cfg(test)]
+impl IndexWriter {
+    /// Whether the shared map is exactly the union of the slots' LRUs, and
+    /// every set bit is one of `live` (`Err` says what differs).
+    pub fn check_union(&self, live: u64) -> Result<(), String> {
+        let map = self.index.map.pin();
+        let mut want: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+        for (r, rb) in self.replicas.iter().enumerate() {
+            for (b, ()) in rb.lru.iter() {
+                *want.entry(*b).or_default() |= 1 << r;
+            }
+        }
+        for (b, m) in map.iter() {
+            if want.get(b) != Some(m) {
+                return Err(format!(
+                    "block {b}: map {m:b}, LRUs {:b}",
+                    want.get(b).copied().unwrap_or(0)
+                ));
+            }
+            if m & !live != 0 {
+                return Err(format!(
+                    "block {b}: bits {:b} of no live replica",
+                    m & !live
+                ));
+            }
+        }
+        if map.len() != want.len() {
+            return Err(format!(
+                "map holds {} blocks, the LRUs {}",
+                map.len(),
+                want.len()
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -207,7 +250,7 @@ mod tests {
 
     #[test]
     fn longest_prefix_per_replica() {
-        let mut w = IndexWriter::new(3, 1000);
+        let mut w = IndexWriter::new(1000);
         w.insert(ReplicaId(0), &[1, 2, 3, 4], 10);
         w.insert(ReplicaId(1), &[1, 2, 9], 10);
         let (best, m) = matches(&w, &[1, 2, 3, 5]);
@@ -219,7 +262,7 @@ mod tests {
 
     #[test]
     fn capacity_evicts_tails_first_and_clear_forgets() {
-        let mut w = IndexWriter::new(1, 40); // 4 blocks of 10 tokens
+        let mut w = IndexWriter::new(40); // 4 blocks of 10 tokens
         w.insert(ReplicaId(0), &[1, 2, 3], 10);
         w.insert(ReplicaId(0), &[7, 8], 10);
         // The older prompt lost its tail, kept its head.
@@ -237,7 +280,7 @@ mod tests {
         fn map_equals_union_of_replica_caches(
             ops in proptest::collection::vec((0usize..4, proptest::collection::vec(0u64..30, 0..12), any::<bool>()), 0..60)
         ) {
-            let mut w = IndexWriter::new(4, 80);
+            let mut w = IndexWriter::new(80);
             for (r, blocks, clear) in &ops {
                 if *clear && blocks.len() % 5 == 0 { w.clear(ReplicaId(*r)) } else { w.insert(ReplicaId(*r), blocks, 10) }
             }

@@ -99,15 +99,14 @@ pub(super) fn outcome(m: &Metrics, o: &Observation) {
     }
 }
 
-/// A new topology: series of names that left go (`renamed`), the known
-/// series are primed at zero.
-pub(super) fn reconfigured(m: &Metrics, topo: &Topology, renamed: bool) {
-    if renamed {
-        // Series of stages, fleets or replicas that left go with them; a
-        // change of weights or bounds keeps every series (and counter).
-        m.clear_config_series();
-    }
-    m.prime(topo);
+/// A replica left the topology: its own series go with it.
+pub(super) fn replica_gone(m: &Metrics, fleet: &str, addr: &str) {
+    let l = Replica {
+        fleet: fleet.to_string(),
+        replica: addr.to_string(),
+    };
+    m.inflight.remove(&l);
+    m.queued_tokens.remove(&l);
 }
 
 /// The gauges of `/metrics`, from the writer's models.
@@ -147,13 +146,21 @@ pub(super) fn gauges(
                 0.0
             }
         };
-        let labels: Vec<&str> = fm.replicas.iter().map(|r| r.state(now).label()).collect();
+        let labels: Vec<&str> = fm.replicas.values().map(|r| r.state(now).label()).collect();
+        let leaving = labels.iter().filter(|&&l| l == "leaving").count();
+        m.fleet_members
+            .get_or_create(&label)
+            .set((labels.len() - leaving) as i64);
+        m.members_ignored
+            .get_or_create(&label)
+            .set(fm.waiting.len() as i64);
         for state in [
             "ready",
             "unhealthy",
             "warming",
             "ejected",
             "draining",
+            "leaving",
             "unknown",
         ] {
             let n = labels.iter().filter(|&&l| l == state).count();
@@ -164,7 +171,7 @@ pub(super) fn gauges(
                 })
                 .set(n as i64);
         }
-        for r in &fleet.replicas {
+        for r in fleet.replicas.values() {
             let l = Replica {
                 fleet: fleet.name.clone(),
                 replica: r.addr.clone(),

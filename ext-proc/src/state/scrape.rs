@@ -65,7 +65,7 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
             .topo
             .fleets
             .iter()
-            .flat_map(|f| f.replicas.iter())
+            .flat_map(|f| f.replicas.values())
             .map(|r| {
                 let url = format!("http://{}{}", r.addr, cfg.path);
                 let client = &client;

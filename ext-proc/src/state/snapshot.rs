@@ -24,7 +24,7 @@ pub(super) fn build(
         config: config.clone(),
         replicas: fleets
             .iter()
-            .map(|fm| fm.replicas.iter().map(|m| m.state(now)).collect())
+            .map(|fm| fm.replicas.map(|_, m| m.state(now)))
             .collect(),
         fleets: fleets
             .iter()

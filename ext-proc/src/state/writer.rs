@@ -1,10 +1,12 @@
 //! The state writer: the one task that changes the writer's models. It takes
-//! events (health, decisions, observations, changes) and a periodic tick,
-//! hands each to the models it concerns, and publishes snapshots for the
-//! decision path. The rules live in the models (`model`), the metric labels
-//! in `recorder`, reload migration in `migrate`, snapshots in `snapshot`.
+//! events (health, decisions, observations, membership, changes) and a
+//! periodic tick, hands each to the models it concerns, and publishes
+//! snapshots for the decision path. The rules live in the models (`model`),
+//! the metric labels in `recorder`, reload migration in `migrate`,
+//! membership in `members`, snapshots in `snapshot`. Every topology change
+//! goes through [`Writer::set_topology`].
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -15,14 +17,15 @@ use super::accounting::Accounting;
 use super::decision_log::DecisionRecord;
 use super::failed_keys::FailedKeysWriter;
 use super::lease::Leases;
-use super::migrate::{self, Loads};
+use super::members::{self, FleetChange};
+use super::migrate;
 use super::model::FleetModel;
 use super::observation::Observation;
 use super::peer::{OUTBOX, PeerChange, PeerUpdate};
 use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
-use crate::config::{RouterConfig, ValidConfig};
+use crate::config::{RouterConfig, Source, ValidConfig};
 use crate::metrics::Metrics;
-use crate::topology::{ById, FleetId, ReplicaId, Topology};
+use crate::topology::{ById, FleetId, ReplicaId, Slots, Topology};
 
 /// Owns all the writer's models; the only publisher of snapshots.
 pub struct Writer {
@@ -33,7 +36,6 @@ pub struct Writer {
     pub(super) fleets: Vec<FleetModel>,
     pub(super) accounting: Accounting,
     failed_keys: FailedKeysWriter,
-    pub(super) loads: Loads,
     pub(super) dirty: bool,
     /// Where this instance's prefix changes go for other instances (none
     /// when it runs alone).
@@ -42,7 +44,8 @@ pub struct Writer {
 
 impl Writer {
     /// Takes a validated config: the topology it builds relies on names
-    /// resolving and at most 64 replicas per fleet.
+    /// resolving and at most 64 replicas per static fleet. Dynamic fleets
+    /// start with no member.
     pub fn new(cfg: &ValidConfig) -> (Arc<Shared>, Writer) {
         Self::named(cfg, format!("{:016x}", fastrand::u64(..)))
     }
@@ -51,9 +54,36 @@ impl Writer {
     /// charset: the caller checks it).
     pub fn named(cfg: &ValidConfig, instance: String) -> (Arc<Shared>, Writer) {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let mut loads = HashMap::new();
-        let topo = Arc::new(migrate::build_topology(cfg, 1, &mut loads));
-        let fleets = migrate::fleet_models(&topo, Vec::new(), &Topology::empty());
+        let now = Instant::now();
+        let mut fleets: Vec<FleetModel> = cfg
+            .fleets
+            .iter()
+            .map(|f| FleetModel::new(f.capacity.kv_cache_tokens))
+            .collect();
+        let mut replicas: Vec<Slots<_>> = cfg
+            .fleets
+            .iter()
+            .zip(&mut fleets)
+            .map(|(f, model)| match f.source() {
+                Source::Static => {
+                    let change = FleetChange {
+                        fleet: &f.name,
+                        current: &Slots::new(),
+                        model,
+                        generation: 1,
+                        warmup: members::warms_up(cfg, &f.name),
+                        now,
+                    };
+                    let (slots, _) = change.reconcile(&members::static_members(f));
+                    model.desired = slots.len() as u32;
+                    slots
+                }
+                Source::Dns(_) | Source::Kubernetes(_) => Slots::new(),
+            })
+            .collect();
+        let topo = Arc::new(Topology::build(cfg, 1, 1, |f, _| {
+            std::mem::take(&mut replicas[f.index()])
+        }));
         let config = Arc::new(RouterConfig::clone(cfg));
         let failed_keys = FailedKeysWriter::default();
         let metrics = Metrics::new();
@@ -82,7 +112,6 @@ impl Writer {
             fleets,
             accounting: Accounting::default(),
             failed_keys,
-            loads,
             dirty: false,
             outbox: None,
         };
@@ -105,7 +134,7 @@ impl Writer {
         let Some(f) = self.topo.fleets.by_id(fleet) else {
             return;
         };
-        let Some(r) = f.replicas.by_id(replica) else {
+        let Some(r) = f.replicas.get(replica) else {
             return;
         };
         let update = PeerUpdate {
@@ -135,7 +164,7 @@ impl Writer {
             PeerChange::Routed {
                 blocks,
                 block_tokens,
-            } => self.fleets[f].index.insert(r, &blocks, block_tokens),
+            } => self.fleets[f].cached(r, &blocks, block_tokens),
             PeerChange::Cleared => self.fleets[f].index.clear(r),
         }
         self.shared.metrics.peer_update("applied");
@@ -183,7 +212,7 @@ impl Writer {
                 replica,
                 ok,
             } => {
-                if generation == self.topo.generation
+                if self.topo.resolves(generation, fleet, replica).is_some()
                     && let (Some(fl), Some(fm)) =
                         (self.topo.fleets.by_id(fleet), self.fleets.by_id_mut(fleet))
                 {
@@ -198,7 +227,7 @@ impl Writer {
                 replica,
                 ok,
             } => {
-                if generation == self.topo.generation
+                if self.topo.resolves(generation, fleet, replica).is_some()
                     && let (Some(fl), Some(fm)) =
                         (self.topo.fleets.by_id(fleet), self.fleets.by_id_mut(fleet))
                 {
@@ -211,6 +240,14 @@ impl Writer {
             }
             Event::Observed(o) => self.on_observed(&o, now),
             Event::Peer(u) => self.on_peer(*u),
+            Event::Membership {
+                fleet,
+                source,
+                members,
+            } => {
+                self.on_membership(&fleet, &source, &members, now);
+                self.publish_if_dirty(now);
+            }
             Event::Change { change, reply } => {
                 let result = self.change(*change, now);
                 match &result {
@@ -225,13 +262,20 @@ impl Writer {
     }
 
     fn on_routed(&mut self, mut r: Routed) {
-        if r.generation != self.topo.generation {
+        if !self.topo.knows(r.generation) {
             return;
         }
-        if let Some(f) = self.fleets.by_id_mut(r.fleet) {
+        // The prefix index (here and at the peers) only for the member that
+        // was chosen, while its slot holds it; the counts and the log for
+        // every decision.
+        let chosen = self
+            .topo
+            .resolves(r.generation, r.fleet, r.replica)
+            .is_some();
+        if chosen && let Some(f) = self.fleets.by_id_mut(r.fleet) {
             f.routed(&r);
         }
-        if self.outbox.is_some() && !r.blocks.is_empty() {
+        if chosen && self.outbox.is_some() && !r.blocks.is_empty() {
             let change = PeerChange::Routed {
                 blocks: std::mem::take(&mut r.blocks),
                 block_tokens: r.block_tokens,
@@ -271,7 +315,9 @@ impl Writer {
         // its lease ended.
         let topo = &self.topo;
         let routed = match o.decided {
-            Some(d) if d.generation == topo.generation => Some((d.fleet, d.replica)),
+            Some(d) if topo.resolves(d.generation, d.fleet, d.replica).is_some() => {
+                Some((d.fleet, d.replica))
+            }
             Some(_) => None,
             None => topo
                 .fleet_index(&o.fleet)
@@ -285,7 +331,7 @@ impl Writer {
         };
         // A retry may have landed on another host of the fleet.
         let (r, as_routed) = match o.served_by.as_deref() {
-            Some(addr) if fleet.replicas.by_id(routed).is_none_or(|x| x.addr != addr) => {
+            Some(addr) if fleet.replicas.get(routed).is_none_or(|x| x.addr != addr) => {
                 let Some(r) = fleet.replica_index(addr) else {
                     return;
                 };
@@ -298,8 +344,7 @@ impl Writer {
             && let Some(key) = o.key
         {
             // Its next turn goes to another replica.
-            self.failed_keys
-                .record(now, key, self.topo.generation, f, r);
+            self.failed_keys.record(now, key, &self.topo, f, r);
         }
         if self.fleets[f].outcome(r, o, as_routed, now) {
             self.publish(f, r, PeerChange::Cleared);
@@ -309,6 +354,7 @@ impl Writer {
     /// Periodic work: saturation (with hysteresis), figures, outliers,
     /// autoscaling signals, metrics. Reads the models, not the snapshot.
     pub fn tick(&mut self, now: Instant) {
+        self.sweep_leavers(now);
         let ready: Vec<Vec<ReplicaId>> = self.fleets.iter().map(|fm| fm.ready(now)).collect();
         for (f, fm) in self.fleets.iter_mut().enumerate() {
             let f = FleetId(f);
@@ -351,6 +397,42 @@ impl Writer {
                 self.shared.replica_view.send_modify(|v| *v += 1);
             }
         }
+    }
+
+    /// Every change of the topology goes through here (a reload or an admin
+    /// change, `config`; a member joining, leaving or removed): the one place
+    /// that swaps it. The snapshot published next holds it and wakes
+    /// `Shared::watch_replicas`. The writer's models must already match it.
+    pub(super) fn set_topology(&mut self, topo: Topology, config: bool) {
+        let m = &self.shared.metrics;
+        if config && migrate::series_names(&topo) != migrate::series_names(&self.topo) {
+            // Series of stages or fleets that left go with them; a change of
+            // weights or bounds keeps every series (and counter).
+            m.clear_config_series();
+        } else {
+            // Per-replica series of the replicas that left.
+            let now: HashSet<(&str, &str)> = topo
+                .fleets
+                .iter()
+                .flat_map(|f| {
+                    f.replicas
+                        .values()
+                        .map(|r| (f.name.as_str(), r.addr.as_str()))
+                })
+                .collect();
+            for f in &self.topo.fleets {
+                for r in f.replicas.values() {
+                    if !now.contains(&(f.name.as_str(), r.addr.as_str())) {
+                        recorder::replica_gone(m, &f.name, &r.addr);
+                    }
+                }
+            }
+        }
+        if config {
+            m.prime(&topo);
+        }
+        self.topo = Arc::new(topo);
+        self.dirty = true;
     }
 }
 

@@ -379,7 +379,7 @@ impl SimRouter for MultiRouter {
         for k in 0..self.routers.len() {
             let snap = self.routers[k].fr.shared().snapshot_full();
             for (r, e) in engines.iter().enumerate() {
-                snap.topo.fleets[0].replicas[r]
+                snap.topo.fleets[0].replicas[fleetroute::topology::ReplicaId(r)]
                     .load
                     .set_engine(e.running, e.waiting, 0.0);
                 // Oldest first: the leases the engine no longer knows of.

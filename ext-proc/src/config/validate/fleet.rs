@@ -1,15 +1,12 @@
-//! One fleet: its names, endpoints, cost, capacity and scaling bounds.
+//! One fleet: its names, membership source, cost, capacity and scaling bounds.
 
-use std::collections::HashSet;
-use std::net::SocketAddr;
-
-use super::{Errors, MAX_REPLICAS_PER_FLEET};
+use super::Errors;
 use crate::config::{Bounds, CapacityConfig, CostConfig, FleetConfig, ScalingConfig};
 
 pub(super) fn fleet(f: &FleetConfig, p: &str, e: &mut Errors) {
     e.name(format!("{p}.name"), &f.name, b"");
     e.name(format!("{p}.region"), &f.region, b"");
-    endpoints(&f.endpoints, p, e);
+    super::source::source(f, p, e);
     if let Some(c) = &f.cost {
         cost(c, &format!("{p}.cost"), e);
     }
@@ -18,26 +15,6 @@ pub(super) fn fleet(f: &FleetConfig, p: &str, e: &mut Errors) {
         bounds(b, format!("{p}.hosts"), e);
     }
     scaling(&f.scaling, &format!("{p}.scaling"), e);
-}
-
-fn endpoints(eps: &[String], p: &str, e: &mut Errors) {
-    e.ensure(
-        eps.len() <= MAX_REPLICAS_PER_FLEET,
-        format!("{p}.endpoints"),
-        format!(
-            "{} endpoints; a fleet holds at most {MAX_REPLICAS_PER_FLEET}",
-            eps.len()
-        ),
-    );
-    let mut seen = HashSet::new();
-    for (j, ep) in eps.iter().enumerate() {
-        let path = format!("{p}.endpoints[{j}]");
-        if ep.parse::<SocketAddr>().is_err() {
-            e.push(path, format!("'{ep}' is not ip:port"));
-        } else if !seen.insert(ep) {
-            e.push(path, format!("duplicate endpoint '{ep}'"));
-        }
-    }
 }
 
 fn cost(c: &CostConfig, p: &str, e: &mut Errors) {

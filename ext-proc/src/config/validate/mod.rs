@@ -5,6 +5,7 @@
 mod envoy;
 mod experiment;
 mod fleet;
+mod source;
 mod stage;
 #[cfg(test)]
 mod tests;
@@ -117,6 +118,11 @@ pub(super) fn errors(cfg: &RouterConfig) -> Vec<ConfigError> {
     engine_metrics(&cfg.engine_metrics, &mut e);
     leases(&cfg.leases, &mut e);
     peers(&cfg.peers, &mut e);
+    e.ensure(
+        cfg.membership.removal_grace_ms <= MAX_SECONDS * 1000,
+        "membership.removal_grace_ms",
+        format!("must be at most {} (a day)", MAX_SECONDS * 1000),
+    );
     // Fleet name -> region, for the stages.
     let mut regions: HashMap<&str, &str> = HashMap::new();
     for (i, f) in cfg.fleets.iter().enumerate() {

@@ -69,15 +69,14 @@ fn world() -> impl Strategy<Value = World> {
 
 fn snapshot(policy: &str, w: &World) -> (Snapshot, Vec<RequestGuard>) {
     let cfg = config(policy);
-    let topo = Arc::new(Topology::build(
+    let topo = Arc::new(Topology::from_config(
         &crate::config::validate(cfg.clone()).unwrap(),
         1,
-        |_, _| Default::default(),
     ));
     let mut guards = Vec::new();
     for (f, fleet) in topo.fleets.iter().enumerate() {
-        for (r, rep) in fleet.replicas.iter().enumerate() {
-            for _ in 0..w.inflight[f][r] {
+        for (r, rep) in fleet.replicas.iter() {
+            for _ in 0..w.inflight[f][r.index()] {
                 guards.push(rep.load.start(100));
             }
         }
@@ -98,6 +97,7 @@ fn snapshot(policy: &str, w: &World) -> (Snapshot, Vec<RequestGuard>) {
                         warm: true,
                         ejected: false,
                         draining: false,
+                        leaving: false,
                     })
                     .collect()
             })
@@ -137,7 +137,7 @@ fn key(k: u64, residency: Option<&'static str>) -> RouteKey<'static> {
 
 fn ready_fleets(snap: &Snapshot, region: Option<&str>) -> Vec<FleetId> {
     FleetId::all(snap.topo.fleets.len())
-        .filter(|&f| snap.replicas[f].iter().any(ReplicaState::ready))
+        .filter(|&f| snap.replicas[f].values().any(ReplicaState::ready))
         .filter(|&f| region.is_none_or(|r| snap.topo.fleets[f].region == r))
         .collect()
 }
@@ -272,10 +272,9 @@ fn exploration_reaches_every_fleet_and_stays_a_small_share() {
         panic!("a latency stage");
     };
     r.exploration = 0.1;
-    let topo = Arc::new(Topology::build(
+    let topo = Arc::new(Topology::from_config(
         &crate::config::validate(cfg.clone()).unwrap(),
         1,
-        |_, _| Default::default(),
     ));
     let w = World {
         ready: vec![vec![true; 3]; 4],
