@@ -3,6 +3,7 @@
 //! replica that breaks its streams leaves even a two-replica fleet.
 
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{
@@ -11,7 +12,7 @@ use fleetroute_tests::harness::client::{
 use fleetroute_tests::harness::scenario::{
     FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url, two_fleets_tolerant_health,
 };
-use fleetroute_tests::harness::{Binaries, Lab, LabSpec, wait_for_value, wait_until};
+use fleetroute_tests::harness::{Binaries, Lab, LabSpec, pace, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
@@ -286,22 +287,39 @@ fn replica_state(lab: &Lab, addr: &str) -> Option<String> {
 fn a_replica_that_breaks_streams_leaves_its_two_replica_fleet() {
     let lab = lab(TWO_FLEETS, None);
     lab.fault("b2", r#"{"die_after_tokens": 2}"#);
+    let b2 = lab.replicas["b2"].clone();
     let started = Instant::now();
     let n = 200;
-    let failed = failures(&lab, "load", n);
+    // The ejection lasts its base time (10 s); on a slow machine the load can
+    // outlast it, so a watcher records whether b2 was ejected while it ran.
+    let done = AtomicBool::new(false);
+    let (failed, seen) = std::thread::scope(|s| {
+        let watcher = s.spawn(|| {
+            let mut seen = false;
+            while !done.load(Ordering::Relaxed) && !seen {
+                seen = replica_state(&lab, &b2).as_deref() == Some("ejected");
+                pace(Duration::from_millis(50));
+            }
+            seen
+        });
+        let failed = failures(&lab, "load", n);
+        done.store(true, Ordering::Relaxed);
+        (failed, watcher.join().unwrap())
+    });
     let share = failed as f64 / n as f64;
     println!(
         "{failed} of {n} streamed requests failed ({:.1}%) in {:.1} s with b2 dying after 2 tokens",
         share * 100.0,
         started.elapsed().as_secs_f64()
     );
-    let b2 = lab.replicas["b2"].clone();
-    let ejected = wait_for_value(Duration::from_secs(5), || {
-        (replica_state(&lab, &b2)? == "ejected").then_some(())
-    });
+    let ejected = seen
+        || wait_for_value(Duration::from_secs(5), || {
+            (replica_state(&lab, &b2)? == "ejected").then_some(())
+        })
+        .is_some();
     assert!(
-        ejected.is_some(),
-        "b2 is {:?}, not ejected",
+        ejected,
+        "b2 is {:?}, never seen ejected",
         replica_state(&lab, &b2)
     );
     // One in four keys lands on b2 without protection.
