@@ -60,7 +60,7 @@ fn percentiles(name: &str, mut ns: Vec<u64>) {
 fn local(c: &mut Criterion) {
     let cfg = TenantsConfig {
         default: limits(),
-        named: Default::default(),
+        ..Default::default()
     };
     let l = Ledger::new(cfg, Clock::real());
     let ids: Vec<String> = (0..1000).map(|i| format!("tenant-{i}")).collect();
@@ -123,7 +123,7 @@ fn redis(c: &mut Criterion) {
         .unwrap();
     let tenants = TenantsConfig {
         default: limits(),
-        named: Default::default(),
+        ..Default::default()
     };
     let shared = Shared::new(
         tenants,

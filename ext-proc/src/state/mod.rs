@@ -96,6 +96,16 @@ pub struct Snapshot {
     pub failed_keys: Arc<failed_keys::FailedKeys>,
 }
 
+impl Snapshot {
+    /// The limits and priority class that apply to `tenant` now (its named
+    /// entry in `tenants:`, else `default`; also for requests with no
+    /// tenant), as the config in effect says: hot reloads and admin changes
+    /// included.
+    pub fn tenant(&self, tenant: &str) -> &crate::config::TenantLimits {
+        self.config.tenants.limits_for(tenant)
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct ReplicaState {
     pub health: Health,

@@ -24,7 +24,7 @@ use super::shared::{Allowance, SharedState};
 use super::window::{Epoched, MinuteWindow};
 
 /// The bucket every tenant beyond `MAX_TENANTS` shares (with `default` limits).
-pub const OTHER: &str = "other";
+pub const OTHER: &str = crate::config::OTHER_TENANT;
 /// Most tenants tracked one by one.
 pub const MAX_TENANTS: usize = 65_536;
 /// Most reservations held at once; beyond it the oldest are expired early.

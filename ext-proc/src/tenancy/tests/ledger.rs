@@ -23,7 +23,7 @@ fn ledger(default: TenantLimits) -> (Ledger, std::sync::Arc<std::sync::atomic::A
     let (clock, h) = Clock::manual(T0);
     let cfg = TenantsConfig {
         default,
-        named: Default::default(),
+        ..Default::default()
     };
     (Ledger::new(cfg, clock), h)
 }

@@ -17,7 +17,7 @@ fn shared(url: &str) -> Arc<Shared> {
             tokens_per_minute: Some(LIMIT),
             ..Default::default()
         },
-        named: Default::default(),
+        ..Default::default()
     };
     let cfg = SharedConfig {
         url: url.into(),
