@@ -33,8 +33,8 @@ fn est() -> Estimate {
     Estimate {
         prompt_tokens: 1500,
         max_tokens: 256,
-        usd_per_token: 1e-6,
-        ttl: Duration::from_secs(600),
+        cost_usd: 1756.0 * 1e-6,
+        ttl: Some(Duration::from_secs(600)),
     }
 }
 

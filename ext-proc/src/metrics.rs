@@ -438,11 +438,15 @@ impl Metrics {
             }));
         }
         for stage in &topo.stages {
+            let limits = crate::tenancy::ledger::Limit::ALL.map(|l| l.as_str());
             for reason in [
                 "no_ready_replica",
                 "residency_unsatisfiable",
                 "no_acceptable_fleet",
-            ] {
+            ]
+            .into_iter()
+            .chain(limits)
+            {
                 drop(self.rejected.get_or_create(&Rejected {
                     stage: stage.name.clone(),
                     reason: reason.into(),

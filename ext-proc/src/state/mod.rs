@@ -25,6 +25,9 @@
 //!   state flipped; the EDS server waits on it.
 //! - The peer outbox (a bounded channel, see `peer`): only the writer sends
 //!   its own prefix changes; the peer link takes them to other instances.
+//! - `tenancy::accountant::Accountant` (lock-free per-tenant counters): the
+//!   request path reserves, the observer commits, leases expire; its limits
+//!   are swapped in by the writer when the config changes.
 //!
 //!
 //! Nothing else is shared: every other change goes to the writer as an
@@ -64,6 +67,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::tenancy::accountant::Accountant;
+use crate::tenancy::charge::Charge;
 use crate::topology::load::RequestGuard;
 pub use changes::{Change, ChangeError};
 use decision_log::DecisionLog;
@@ -250,6 +255,9 @@ pub struct Shared {
     replica_view: watch::Sender<u64>,
     /// This instance's name, in its decisions' tags and on the peer link.
     pub instance: String,
+    /// Tenant limits and budgets (lock-free counters; limits follow the
+    /// config) and the audit log.
+    pub tenants: Accountant,
 }
 
 impl std::fmt::Debug for Shared {
@@ -301,11 +309,19 @@ impl Shared {
         self.events.clone()
     }
 
-    /// Holds a decision's load under a lease (see `lease`).
-    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, decided: Decided, input: &LeaseInput) {
+    /// Holds a decision's load, and its tenant's charge, under a lease (see
+    /// `lease`).
+    pub fn hold_load(
+        &self,
+        nonce: u64,
+        guard: RequestGuard,
+        decided: Decided,
+        input: &LeaseInput,
+        charge: Option<Charge>,
+    ) {
         let snap = self.snapshot.load();
         self.leases
-            .hold(nonce, guard, decided, &snap.config.leases, input);
+            .hold(nonce, guard, decided, &snap.config.leases, input, charge);
     }
 
     pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {

@@ -209,7 +209,7 @@ impl Shared {
     }
 
     fn slice(&self, t: &TenantState) -> u64 {
-        let limit = t.limits.tokens_per_minute.unwrap_or(0);
+        let limit = t.limits().tokens_per_minute.unwrap_or(0);
         ((limit as f64 * self.cfg.slice_fraction) as u64).max(1)
     }
 
@@ -275,7 +275,7 @@ impl Shared {
     /// Claims a slice (at least `need`) of the tenant's minute from Redis:
     /// one round trip. False when Redis did not answer.
     pub async fn refill(&self, t: &TenantState, need: u64) -> bool {
-        let (Some(a), Some(limit)) = (&t.allowance, t.limits.tokens_per_minute) else {
+        let (Some(a), Some(limit)) = (&t.allowance, t.limits().tokens_per_minute) else {
             return true;
         };
         let m = self.ledger.clock().minute();

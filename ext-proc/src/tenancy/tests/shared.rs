@@ -36,8 +36,8 @@ fn est(tokens: u64) -> Estimate {
     Estimate {
         prompt_tokens: tokens / 2,
         max_tokens: tokens - tokens / 2,
-        usd_per_token: 0.0,
-        ttl: Duration::from_secs(60),
+        cost_usd: 0.0,
+        ttl: Some(Duration::from_secs(60)),
     }
 }
 
