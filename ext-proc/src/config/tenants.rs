@@ -192,3 +192,87 @@ impl TenantsRedisConfig {
         }
     }
 }
+
+/// A change to one tenant's limits (the admin API's `POST /v1/tenant`): a
+/// field left out stays, `null` removes the limit (unlimited), a value sets
+/// it. Applied to the tenant's named entry, or to a copy of `default` for a
+/// tenant that has none yet.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TenantPatch {
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub max_requests_in_flight: Option<Option<u64>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub max_tokens_in_flight: Option<Option<u64>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub tokens_per_minute: Option<Option<u64>>,
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    pub budget: Option<Option<Budget>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+}
+
+/// A field that is present (`null` included) is `Some`.
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl TenantPatch {
+    pub fn is_empty(&self) -> bool {
+        *self == TenantPatch::default()
+    }
+
+    pub fn apply(&self, l: &mut TenantLimits) {
+        fn set<T: Copy>(field: &mut Option<T>, v: Option<Option<T>>) {
+            if let Some(v) = v {
+                *field = v;
+            }
+        }
+        set(&mut l.max_requests_in_flight, self.max_requests_in_flight);
+        set(&mut l.max_tokens_in_flight, self.max_tokens_in_flight);
+        set(&mut l.tokens_per_minute, self.tokens_per_minute);
+        set(&mut l.budget, self.budget);
+        if let Some(p) = self.priority {
+            l.priority = p;
+        }
+    }
+}
+
+impl std::fmt::Display for TenantLimits {
+    /// One line an operator reads: every limit, `-` for unlimited.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        let budget = self.budget.map_or("-".to_string(), |b| {
+            format!("{} USD/{}", b.usd, b.per.as_str())
+        });
+        write!(
+            f,
+            "max_requests_in_flight {}, max_tokens_in_flight {}, tokens_per_minute {}, budget {}, priority {}",
+            n(self.max_requests_in_flight),
+            n(self.max_tokens_in_flight),
+            n(self.tokens_per_minute),
+            budget,
+            self.priority.as_str()
+        )
+    }
+}

@@ -19,7 +19,9 @@
 //!   (lock-free maps): only the writer changes them; the decision reads them.
 //! - The snapshot pointer (`ArcSwap`): only the writer stores it.
 //! - The decision log (a mutex): only the writer appends; the admin API reads.
-//! - `metrics::Metrics` (counters): each task counts its own events.
+//! - `metrics::Metrics` (counters): each task counts its own events; the
+//!   per-tenant series are brought up to date by the `/metrics` handler
+//!   (`tenant_metrics`, under a mutex only that handler takes).
 //! - The replica view notification (a `watch`): only the writer bumps it,
 //!   when a snapshot it publishes has a new topology or a replica whose
 //!   state flipped; the EDS server waits on it.
@@ -53,6 +55,7 @@ pub mod saturation;
 pub mod scrape;
 mod snapshot;
 pub mod sources;
+pub mod tenant_metrics;
 pub mod usage;
 pub mod warmup;
 mod writer;
@@ -258,6 +261,9 @@ pub struct Shared {
     /// Tenant limits and budgets (lock-free counters; limits follow the
     /// config) and the audit log.
     pub tenants: Accountant,
+    /// What the per-tenant metric series last exported (the `/metrics`
+    /// handler's own, see `tenant_metrics`).
+    tenant_series: Mutex<tenant_metrics::TenantSeries>,
 }
 
 impl std::fmt::Debug for Shared {

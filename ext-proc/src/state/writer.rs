@@ -105,6 +105,7 @@ impl Writer {
             replica_view: tokio::sync::watch::Sender::new(0),
             instance,
             tenants: Accountant::new(&cfg.tenants, cfg.tenants_redis.as_ref()),
+            tenant_series: Mutex::default(),
         });
         let writer = Writer {
             shared: shared.clone(),
