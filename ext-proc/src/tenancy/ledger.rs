@@ -1,8 +1,9 @@
 //! The local accountant: reserves an estimate when a request is admitted,
 //! charges the real usage when it ends.
 //!
-//! Hot path: one map read (papaya, lock-free), a few atomic adds, one lease
-//! insert. A reservation is a value: `commit` consumes it, dropping it
+//! Hot path: one map read (papaya, lock-free), a few atomic adds, and a
+//! lease insert only for an estimate with its own `ttl` (the router's
+//! reservations ride with the decision's load lease instead). A reservation is a value: `commit` consumes it, dropping it
 //! releases it, and a lease with a TTL ends it when neither happens (a lost
 //! end). Each reservation ends exactly once (a state flag swapped once):
 //! - commit: the estimate is released and the real usage charged;
@@ -506,7 +507,8 @@ impl Ledger {
         if let Some(t) = pin.get(id) {
             return t.clone();
         }
-        if id.is_empty() || id.len() > MAX_ID_LEN || pin.len() >= i.max_tenants {
+        // A client calling itself `other` is counted with the untracked ones.
+        if id.is_empty() || id == OTHER || id.len() > MAX_ID_LEN || pin.len() >= i.max_tenants {
             return i.other.clone();
         }
         let cfg = i.cfg.load();

@@ -146,6 +146,7 @@ fn tenants_beyond_the_bound_share_other() {
     assert_eq!(&*l.tenant("b").id, "b");
     assert_eq!(&*l.tenant("c").id, OTHER);
     assert_eq!(&*l.tenant(&"x".repeat(200)).id, OTHER);
+    assert!(std::sync::Arc::ptr_eq(&l.tenant(OTHER), &l.other()));
     assert_eq!(l.tenants().len(), 2);
 }
 
