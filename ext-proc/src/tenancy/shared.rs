@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
 use redis::Script;
+use redis::aio::MultiplexedConnection;
 use tokio::sync::Notify;
 
 use super::clock::Clock;

@@ -128,7 +128,8 @@ impl Fleetroute {
             ..Default::default()
         };
         // No tenant limits here: placing never waits (no Redis round trip).
-        let placed = futures::executor::block_on(place(&self.shared, key, self.rng)).expect("a ready replica");
+        let placed = futures::executor::block_on(place(&self.shared, key, self.rng))
+            .expect("a ready replica");
         let decided = placed.decided();
         let prefill_ms_per_k = placed.snapshot.fleets[0].figures.latency;
         let (d, guard) = (placed.decision, placed.guard);
