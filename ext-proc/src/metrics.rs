@@ -464,6 +464,23 @@ impl Metrics {
                 result: result.into(),
             }));
         }
+        // At zero until tenants_redis / audit are configured, so their
+        // dashboard panel always has series.
+        for result in [
+            "refills",
+            "errors",
+            "fallback_decisions",
+            "caught_up_tokens",
+        ] {
+            drop(m.tenant_redis.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        for result in ["written", "dropped_full", "dropped_write"] {
+            drop(m.audit_records.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
         Metrics { registry: r, ..m }
     }
 
