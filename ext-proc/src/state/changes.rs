@@ -181,7 +181,7 @@ impl Writer {
                 let named = &mut cfg.tenants.named;
                 let old = named.get(&name).cloned();
                 let was = old.as_ref().unwrap_or(&cfg.tenants.default).to_string();
-                let now = if remove {
+                let after = if remove {
                     if named.remove(&name).is_none() {
                         return Err(ChangeError::Unknown(format!(
                             "tenant '{name}' has no entry in tenants.named"
@@ -195,8 +195,8 @@ impl Writer {
                     named.insert(name.clone(), l);
                     text
                 };
-                self.commit(cfg)?;
-                Ok(format!("tenant '{name}': {was} -> {now}"))
+                self.commit(cfg, now)?;
+                Ok(format!("tenant '{name}': {was} -> {after}"))
             }
             Change::Drain { replica, drain } => {
                 let mut found = Vec::new();
