@@ -2,7 +2,9 @@
 # The demo: two fleets of simulated engines (base and burst, two replicas
 # each), fleetroute and a real Envoy, all on localhost. Prints where to send
 # requests; Ctrl-C stops everything. `scripts/demo.sh --check` sends one
-# request through the chain and exits (a smoke test).
+# request through the chain and exits (a smoke test). A tenant `demo` has a
+# per-minute limit; with DEMO_REDIS=1 the limit is shared through a local
+# redis-server (127.0.0.1:6390), as several instances would share it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -22,7 +24,9 @@ stop() {
 trap stop EXIT
 trap 'exit 130' INT TERM
 
-for port in 10000 9901 50051 9190 8101 8102 8201 8202 8300; do
+ports="10000 9901 50051 9190 8101 8102 8201 8202 8300"
+[ "${DEMO_REDIS:-0}" = 1 ] && ports="$ports 6390"
+for port in $ports; do
   if (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null; then
     echo "port $port is already in use on 127.0.0.1: stop whatever holds it first" >&2
     exit 1
@@ -36,9 +40,22 @@ done
   --control 127.0.0.1:8300 --models demo-model \
   --prefill-tokens-per-sec 20000 --decode-ms-per-token 20 > "$run/engine.log" 2>&1 &
 pids+=($!)
-"$bin/fleetroute" check-config envoy-config/router.yaml
-"$bin/fleetroute" bootstrap --config envoy-config/router.yaml --wasm "$wasm" > "$run/envoy.yaml"
-RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config envoy-config/router.yaml --envoy-admin 127.0.0.1:9901 > "$run/fleetroute.log" 2>&1 &
+# The shipped router config plus the demo tenant.
+router="$run/router.yaml"
+cp envoy-config/router.yaml "$router"
+cat >> "$router" <<'YAML'
+tenants:
+  named:
+    demo: { tokens_per_minute: 2000 }   # requests with x-tenant: demo get a 429 past it
+YAML
+if [ "${DEMO_REDIS:-0}" = 1 ]; then
+  redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no > "$run/redis.log" 2>&1 &
+  pids+=($!)
+  echo 'tenants_redis: { url: "redis://127.0.0.1:6390/", instances: 1 }' >> "$router"
+fi
+"$bin/fleetroute" check-config "$router"
+"$bin/fleetroute" bootstrap --config "$router" --wasm "$wasm" > "$run/envoy.yaml"
+RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config "$router" --envoy-admin 127.0.0.1:9901 > "$run/fleetroute.log" 2>&1 &
 pids+=($!)
 
 wait_for() {
@@ -69,7 +86,9 @@ fleetroute demo is running (logs in $run/):
 Try:
   curl -s http://127.0.0.1:10000/v1/chat/completions -H 'content-type: application/json' \\
     -d '$sample' -D - 
-The x-served-by header names the replica that answered.
+The x-served-by header names the replica that answered. With -H 'x-tenant: demo'
+the request counts against tenant demo's 2000 tokens per minute (a 429 past
+it); $bin/fleetroute tenant get demo shows its limits and usage.
 INFO
 
 if [ "${1:-}" = "--check" ]; then

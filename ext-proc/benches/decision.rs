@@ -6,6 +6,9 @@
 //! rendezvous placement figures (balance over 1M keys, keys moved when a
 //! replica joins or a weight changes), and what a membership change costs
 //! the writer in a fleet with a ~1M-block prefix index.
+//! With tenant admission: decide alone and decide + admit interleaved call by
+//! call (local ledger, then shared through a `redis-server` the bench starts);
+//! `BENCH_ONLY=admission` runs only those.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -14,16 +17,22 @@ use criterion::Criterion;
 use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::decision_trace::DecisionSpan;
 use fleetroute::observe::Observation;
-use fleetroute::route::decide;
 use fleetroute::route::experiment::Arm;
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::rendezvous::{score, unit};
+use fleetroute::route::{admit, decide};
 use fleetroute::state::{Change, Event, Routed, Shared, Writer};
+use fleetroute::tenancy::ledger::Usage;
 use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 use std::sync::Arc;
 
 fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> ValidConfig {
+    config_with(fleets, policy, kv_tokens, "")
+}
+
+/// `extra` is appended to the config (tenants, Redis).
+fn config_with(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64, extra: &str) -> ValidConfig {
     let mut y = String::from("fleets:\n");
     for (f, (name, n)) in fleets.iter().enumerate() {
         let eps: Vec<String> = (0..*n)
@@ -33,12 +42,17 @@ fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> ValidConfig
             "  - name: {name}\n    region: r\n    endpoints: [{}]\n    capacity: {{ kv_cache_tokens: {kv_tokens}, max_inflight: 1000 }}\n",
             eps.join(", ")
         );
+        if !extra.is_empty() {
+            // Priced, so admission reserves a cost against the budget.
+            y += "    cost: { usd_per_million_tokens: 1.0 }\n";
+        }
     }
     let names: Vec<&str> = fleets.iter().map(|(n, _)| *n).collect();
     y += &format!(
         "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n",
         names.join(", ")
     );
+    y += extra;
     RouterConfig::parse_valid(&y).expect("bench config")
 }
 
@@ -203,6 +217,11 @@ fn main() {
         .with_env_filter("info")
         .with_writer(std::io::sink)
         .init();
+    // `BENCH_ONLY=admission` runs the tenant admission figures alone.
+    if std::env::var("BENCH_ONLY").as_deref() == Ok("admission") {
+        admission();
+        return;
+    }
     let mut c = Criterion::default()
         .configure_from_args()
         .measurement_time(Duration::from_secs(3));
@@ -283,6 +302,7 @@ fn main() {
     membership_change(&shared, &mut w, &cfg);
     drop((shared, w));
 
+    admission();
     placement();
 }
 
@@ -336,6 +356,202 @@ fn membership_change(shared: &Shared, w: &mut Writer, cfg: &ValidConfig) {
         d.as_secs_f64() * 1e3,
         blocks()
     );
+}
+
+/// Tenant limits every decision is checked against (high enough that none
+/// refuses: the figure is the accounting's cost, not a refusal's).
+const TENANTS: &str = "tenants:\n  default: { max_requests_in_flight: 1000000, max_tokens_in_flight: 1000000000000, tokens_per_minute: 1000000000000, budget: { usd: 1000000, per: month } }\n";
+
+/// Keys spread over 1000 tenants.
+fn tenant_keys(prompts: &[Vec<u64>]) -> Vec<RouteKey<'static>> {
+    let ids: &'static [String] = Box::leak((0..1000).map(|i| format!("tenant-{i}")).collect());
+    prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let mut k = key(p, i as u64);
+            k.tenant = &ids[i % ids.len()];
+            k.max_tokens = Some(256);
+            k
+        })
+        .collect()
+}
+
+const USAGE: Usage = Usage {
+    prompt: 1024,
+    cached: 512,
+    completion: 200,
+};
+
+fn pct(t: &mut [Duration], q: f64) -> f64 {
+    t.sort();
+    t[((t.len() as f64 * q) as usize).min(t.len() - 1)].as_secs_f64() * 1e6
+}
+
+/// Per call, alternating on the same snapshot so both see the same machine:
+/// the decision alone, and the decision followed by the tenant's admission
+/// on the chosen fleet (what the ext_proc stream does before it answers).
+/// The commit, which the access log observer makes later, is not timed.
+fn admitted_percentiles(
+    label: &str,
+    shared: &Shared,
+    keys: &[RouteKey<'static>],
+    rt: &tokio::runtime::Runtime,
+) {
+    let n = keys.len().max(20_000);
+    let (mut alone, mut admitted) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    rt.block_on(async {
+        for i in 0..n {
+            let k = &keys[i % keys.len()];
+            let start = Instant::now();
+            let snap = shared.snapshot_full();
+            black_box(decide(&snap, black_box(k), i as u64).ok());
+            alone.push(start.elapsed());
+            let start = Instant::now();
+            let snap = shared.snapshot_full();
+            let d = decide(&snap, black_box(k), i as u64).expect("routable");
+            let c = admit::admit(shared, &snap, &d, k).await.expect("admitted");
+            admitted.push(start.elapsed());
+            c.reservation.commit(USAGE, 0.001);
+        }
+    });
+    let (a50, a99, a999) = (
+        pct(&mut alone, 0.5),
+        pct(&mut alone, 0.99),
+        pct(&mut alone, 0.999),
+    );
+    let (t50, t99, t999) = (
+        pct(&mut admitted, 0.5),
+        pct(&mut admitted, 0.99),
+        pct(&mut admitted, 0.999),
+    );
+    println!(
+        "{label}: decide + admit p50 {t50:.1} µs, p99 {t99:.1} µs, p99.9 {t999:.1} µs; decide alone, interleaved: p50 {a50:.1} µs, p99 {a99:.1} µs, p99.9 {a999:.1} µs; ratio p50 {:.2}, p99 {:.2} over {n} decisions each",
+        t50 / a50,
+        t99 / a99
+    );
+}
+
+/// Decision time with tenant admission on: the local ledger, then limits
+/// shared through a real `redis-server` (skipped when it is not installed).
+fn admission() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let warmup = prompts(20_000, 200, 64, 1);
+    let probe = prompts(2_000, 200, 64, 2);
+    let keys = tenant_keys(&probe);
+
+    let cfg = config_with(&[("a", 32), ("b", 32)], "weighted", 10_000_000, TENANTS);
+    let (shared, mut w) = ready(&cfg);
+    warm(&shared, &mut w, &warmup);
+    admitted_percentiles(
+        "decide + admit, local ledger, 1000 tenants, every limit set",
+        &shared,
+        &keys,
+        &rt,
+    );
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .measurement_time(Duration::from_secs(3));
+    c.bench_function("decide + admit + commit/local ledger, 1000 tenants", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % keys.len();
+            let k = &keys[i];
+            let snap = shared.snapshot_full();
+            let d = decide(&snap, k, i as u64).expect("routable");
+            let c =
+                futures::executor::block_on(admit::admit(&shared, &snap, &d, k)).expect("admitted");
+            c.reservation.commit(USAGE, 0.001);
+        })
+    });
+    c.final_summary();
+    drop((shared, w));
+
+    let Some(redis) = RedisChild::start() else {
+        println!("redis-server not on PATH: the shared admission figures are skipped");
+        return;
+    };
+    let extra = format!(
+        "{TENANTS}tenants_redis: {{ url: \"redis://127.0.0.1:{}/\", instances: 2, timeout_ms: 1000 }}\n",
+        redis.port
+    );
+    let cfg = config_with(&[("a", 32), ("b", 32)], "weighted", 10_000_000, &extra);
+    let (shared, mut w) = ready(&cfg);
+    warm(&shared, &mut w, &warmup);
+    let round_trips = || {
+        let r = shared.tenants.redis().expect("Redis on");
+        r.refills.load(std::sync::atomic::Ordering::Relaxed)
+            + r.redis_errors.load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let decisions = keys.len().max(20_000);
+    // First pass: each tenant's first decision claims its first slice.
+    // Second: the allowances cover every decision.
+    for pass in ["first pass, each tenant's first slice", "second pass"] {
+        let before = round_trips();
+        admitted_percentiles(
+            &format!("decide + admit, shared through Redis, 1000 tenants, {pass}"),
+            &shared,
+            &keys,
+            &rt,
+        );
+        println!(
+            "  Redis round trips during those decisions: {} ({:.3} per decision; background refills included)",
+            round_trips() - before,
+            (round_trips() - before) as f64 / decisions as f64
+        );
+    }
+    drop((shared, w));
+}
+
+/// A `redis-server` on a free loopback port, killed on drop.
+struct RedisChild {
+    port: u16,
+    child: std::process::Child,
+}
+
+impl RedisChild {
+    fn start() -> Option<Self> {
+        use std::process::{Command, Stdio};
+        Command::new("redis-server")
+            .arg("--version")
+            .output()
+            .ok()?;
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .ok()?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Some(RedisChild { port, child })
+    }
+}
+
+impl Drop for RedisChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Rendezvous placement: balance over 1M keys on 8 equal replicas, keys

@@ -33,8 +33,8 @@ fn est() -> Estimate {
     Estimate {
         prompt_tokens: 1500,
         max_tokens: 256,
-        usd_per_token: 1e-6,
-        ttl: Duration::from_secs(600),
+        cost_usd: 1756.0 * 1e-6,
+        ttl: Some(Duration::from_secs(600)),
     }
 }
 
@@ -60,7 +60,7 @@ fn percentiles(name: &str, mut ns: Vec<u64>) {
 fn local(c: &mut Criterion) {
     let cfg = TenantsConfig {
         default: limits(),
-        named: Default::default(),
+        ..Default::default()
     };
     let l = Ledger::new(cfg, Clock::real());
     let ids: Vec<String> = (0..1000).map(|i| format!("tenant-{i}")).collect();
@@ -123,7 +123,7 @@ fn redis(c: &mut Criterion) {
         .unwrap();
     let tenants = TenantsConfig {
         default: limits(),
-        named: Default::default(),
+        ..Default::default()
     };
     let shared = Shared::new(
         tenants,

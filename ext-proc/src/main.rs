@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use fleetroute::bootstrap::BootstrapOptions;
+use fleetroute::cli::tenants::{SetFlags, Setting, budget_arg, limit_arg, priority_arg};
 use fleetroute::cli::{Target, View, commands, fleet_percent, local};
+use fleetroute::config::{Budget, Priority};
 use fleetroute::listen;
 use fleetroute::serve::{self, ServeOptions};
 
@@ -139,6 +141,11 @@ enum Command {
         #[command(subcommand)]
         cmd: ExperimentCmd,
     },
+    /// A tenant's limits, what it uses now and what it was charged.
+    Tenant {
+        #[command(subcommand)]
+        cmd: TenantCmd,
+    },
     /// Reload the router config file now (validated first).
     Reload {
         #[command(flatten)]
@@ -191,6 +198,43 @@ enum ReplicaCmd {
         host: String,
         #[arg(long)]
         undo: bool,
+        #[command(flatten)]
+        admin: Admin,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Every tenant tracked (heaviest first), or one: limits, usage, budget left.
+    Get {
+        name: Option<String>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        admin: Admin,
+    },
+    /// Change a tenant's limits (its named entry; made from the default
+    /// limits when it has none). `none` makes a limit unlimited.
+    Set {
+        name: String,
+        /// Requests in flight.
+        #[arg(long, value_parser = limit_arg)]
+        max_requests: Option<Setting<u64>>,
+        /// Prompt + max_tokens of the requests in flight.
+        #[arg(long, value_parser = limit_arg)]
+        max_tokens: Option<Setting<u64>>,
+        /// Prompt + completion tokens per minute.
+        #[arg(long, value_parser = limit_arg)]
+        tpm: Option<Setting<u64>>,
+        /// USD/day or USD/month, e.g. 500/month.
+        #[arg(long, value_parser = budget_arg)]
+        budget: Option<Setting<Budget>>,
+        /// critical, standard or sheddable.
+        #[arg(long, value_parser = priority_arg)]
+        priority: Option<Priority>,
+        /// Drop the named entry: the default limits apply again.
+        #[arg(long, conflicts_with_all = ["max_requests", "max_tokens", "tpm", "budget", "priority"])]
+        remove: bool,
         #[command(flatten)]
         admin: Admin,
     },
@@ -299,6 +343,33 @@ fn main() -> ExitCode {
         Command::Experiment {
             cmd: ExperimentCmd::Clear { stage, admin },
         } => commands::experiment_set(&admin.target(), stage, None, Vec::new(), None),
+        Command::Tenant {
+            cmd: TenantCmd::Get { name, json, admin },
+        } => commands::tenant_get(&admin.target(), name.as_deref(), json),
+        Command::Tenant {
+            cmd:
+                TenantCmd::Set {
+                    name,
+                    max_requests,
+                    max_tokens,
+                    tpm,
+                    budget,
+                    priority,
+                    remove,
+                    admin,
+                },
+        } => commands::tenant_set(
+            &admin.target(),
+            name,
+            SetFlags {
+                max_requests,
+                max_tokens,
+                tpm,
+                budget,
+                priority,
+            },
+            remove,
+        ),
         Command::Reload { admin } => commands::reload(&admin.target()),
     }
 }

@@ -85,6 +85,20 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// A tenant with its own series (the top tenants by tokens and pinned
+/// ones), or `other` for all the rest.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantRefusal {
+    pub tenant: String,
+    /// max_requests_in_flight | max_tokens_in_flight | tokens_per_minute | budget
+    pub limit: String,
+}
+
 #[derive(Clone)]
 pub struct Buckets(fn() -> Histogram);
 
@@ -145,6 +159,14 @@ pub struct Metrics {
     pub members_ignored: Family<FleetLabel, Gauge>,
     /// The membership sources' own counters, read at each scrape.
     pub sources: Arc<SourceMetrics>,
+    pub tenant_requests: Family<TenantLabel, Counter>,
+    pub tenant_tokens: Family<TenantLabel, Counter>,
+    pub tenant_spend: Family<TenantLabel, Counter<f64, AtomicU64>>,
+    pub tenant_refused: Family<TenantRefusal, Counter>,
+    pub tenant_in_flight: Family<TenantLabel, Gauge>,
+    pub tenants_tracked: Gauge,
+    pub tenant_redis: Family<ResultLabel, Counter>,
+    pub audit_records: Family<ResultLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -192,6 +214,14 @@ impl Metrics {
             fleet_members: Family::default(),
             members_ignored: Family::default(),
             sources: Arc::default(),
+            tenant_requests: Family::default(),
+            tenant_tokens: Family::default(),
+            tenant_spend: Family::default(),
+            tenant_refused: Family::default(),
+            tenant_in_flight: Family::default(),
+            tenants_tracked: Gauge::default(),
+            tenant_redis: Family::default(),
+            audit_records: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -374,6 +404,46 @@ impl Metrics {
             m.members_ignored.clone(),
         );
         r.register_collector(Box::new(m.sources.clone()));
+        r.register(
+            "tenant_requests",
+            "Requests admitted, by tenant (the top tenants by tokens and pinned ones; the rest as other)",
+            m.tenant_requests.clone(),
+        );
+        r.register(
+            "tenant_tokens",
+            "Prompt plus completion tokens charged, by tenant (an expired lease's estimate until its late entry corrects it; corrections down are not subtracted)",
+            m.tenant_tokens.clone(),
+        );
+        r.register(
+            "tenant_spend_usd",
+            "Cost charged, by tenant, at the serving fleet's price",
+            m.tenant_spend.clone(),
+        );
+        r.register(
+            "tenant_refused",
+            "Requests refused with a 429, by tenant and the limit that refused them",
+            m.tenant_refused.clone(),
+        );
+        r.register(
+            "tenant_requests_in_flight",
+            "Admitted requests not yet ended, by tenant",
+            m.tenant_in_flight.clone(),
+        );
+        r.register(
+            "tenants_tracked",
+            "Tenants counted under their own id (at most 65536; the rest share other)",
+            m.tenants_tracked.clone(),
+        );
+        r.register(
+            "tenant_redis",
+            "Shared tenant counters (tenants_redis): refills (slice claims), errors (failed round trips), fallback_decisions (decisions on the limit / instances share while Redis was unreachable), caught_up_tokens (spend reported after an outage)",
+            m.tenant_redis.clone(),
+        );
+        r.register(
+            "audit_records",
+            "Audit log records: written, dropped_full (queue full), dropped_write (write failed, e.g. a full disk)",
+            m.audit_records.clone(),
+        );
         for result in ["observed", "untagged", "late", "foreign"] {
             drop(m.access_log_entries.get_or_create(&ResultLabel {
                 result: result.into(),
@@ -391,6 +461,23 @@ impl Metrics {
         }
         for result in ["sent", "received"] {
             drop(m.peer_bytes.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        // At zero until tenants_redis / audit are configured, so their
+        // dashboard panel always has series.
+        for result in [
+            "refills",
+            "errors",
+            "fallback_decisions",
+            "caught_up_tokens",
+        ] {
+            drop(m.tenant_redis.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        for result in ["written", "dropped_full", "dropped_write"] {
+            drop(m.audit_records.get_or_create(&ResultLabel {
                 result: result.into(),
             }));
         }
@@ -438,11 +525,15 @@ impl Metrics {
             }));
         }
         for stage in &topo.stages {
+            let limits = crate::tenancy::ledger::Limit::ALL.map(|l| l.as_str());
             for reason in [
                 "no_ready_replica",
                 "residency_unsatisfiable",
                 "no_acceptable_fleet",
-            ] {
+            ]
+            .into_iter()
+            .chain(limits)
+            {
                 drop(self.rejected.get_or_create(&Rejected {
                     stage: stage.name.clone(),
                     reason: reason.into(),

@@ -82,6 +82,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
             None
         }
     };
+    // The audit file opens now, so a path that cannot be written stops the
+    // start with a clear error rather than losing every record.
+    shared
+        .tenants
+        .start_audit(&cfg.audit)
+        .map_err(|e| format!("audit.path: {e}"))?;
+    shared.tenants.spawn_upkeep();
     tokio::spawn(writer.run());
     tokio::spawn(crate::state::health::run_checks(shared.clone()));
     tokio::spawn(crate::state::health::run_warmups(shared.clone()));

@@ -11,6 +11,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
+use tracing::Instrument;
 
 use crate::decision_trace::DecisionSpan;
 use crate::route::place::place;
@@ -28,21 +29,25 @@ impl Service {
     }
 }
 
-/// Decides one request from its headers.
-pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingResponse {
+/// Decides one request from its headers: the fleet and replica, then the
+/// tenant's admission on that fleet (a 429 when over a limit).
+pub async fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingResponse {
     let Some(map) = headers.headers.as_ref() else {
         return mutation::pass();
     };
     let trace = DecisionSpan::start();
-    let _entered = trace.span().enter();
     let mut key = RouteKey::from_headers(map);
     let max_tokens = key.max_tokens;
     key.spread_anonymous(fastrand::u64(..));
-    match place(shared, key, fastrand::u64(..)) {
+    let placed = place(shared, key, fastrand::u64(..))
+        .instrument(trace.span().clone())
+        .await;
+    match placed {
         Ok(p) => {
             trace.routed(&p.snapshot, &p.decision);
-            // The access log entry ends the lease by this nonce, which only
-            // fleetroute writes (a client can send any x-request-id).
+            // The access log entry ends the lease (and commits the tenant's
+            // charge) by this nonce, which only fleetroute writes (a client
+            // can send any x-request-id).
             let d = &p.decision;
             let input = LeaseInput {
                 prefill_tokens: d.uncached_tokens + d.queued_tokens,
@@ -50,8 +55,9 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
                 prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
             };
             let decided = p.decided();
-            shared.hold_load(p.nonce, p.guard, decided, &input);
-            mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance)
+            let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance);
+            shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
+            reply
         }
         Err(reject) => {
             trace.rejected(&reject);
@@ -90,7 +96,7 @@ impl ExternalProcessor for Service {
                     continue;
                 }
                 let reply = match &msg.request {
-                    Some(Request::RequestHeaders(h)) => route_request(&shared, h),
+                    Some(Request::RequestHeaders(h)) => route_request(&shared, h).await,
                     // The routing filter asks for request headers only; anything
                     // else is let through so Envoy never waits on us.
                     Some(other) => mutation::continue_unchanged(other),

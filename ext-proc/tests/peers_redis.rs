@@ -147,7 +147,7 @@ async fn until(what: &str, mut ok: impl FnMut() -> bool) {
 }
 
 /// Routes a request with `blocks` at `n`; (replica, its lease's metadata).
-fn route(n: &Node, blocks: Vec<u64>, name: &str) -> (usize, Metadata) {
+async fn route(n: &Node, blocks: Vec<u64>, name: &str) -> (usize, Metadata) {
     let key = RouteKey {
         model: Some("m"),
         key: 7,
@@ -156,12 +156,12 @@ fn route(n: &Node, blocks: Vec<u64>, name: &str) -> (usize, Metadata) {
         prompt_tokens: 64,
         ..Default::default()
     };
-    let p = place(&n.shared, key, 1).expect("routed");
+    let p = place(&n.shared, key, 1).await.expect("routed");
     let replica = p.decision.replicas.head().index();
     let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, name);
     let decided = p.decided();
     n.shared
-        .hold_load(p.nonce, p.guard, decided, &LeaseInput::default());
+        .hold_load(p.nonce, p.guard, decided, &LeaseInput::default(), None);
     let mut md = Metadata::default();
     for (ns, v) in reply.dynamic_metadata.unwrap().fields {
         if let Some(Kind::StructValue(s)) = v.kind {
@@ -202,7 +202,7 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
 
     // A routes; B learns where the prefix went; A does not apply its own.
     let blocks = vec![11, 12, 13];
-    let (r, _) = route(&a, blocks.clone(), "a");
+    let (r, _) = route(&a, blocks.clone(), "a").await;
     until("B to hold A's prefix", || held(&b, &blocks, r) == 3).await;
     assert_eq!(
         metric(&a, "fleetroute_peer_prefix_updates_total", "applied"),
@@ -211,7 +211,7 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
     assert!(metric(&b, "fleetroute_peer_bytes_total", "received") > 0.0);
 
     // B decided; Envoy logged the entry to A: A forwards it, B ends the lease.
-    let (_, md) = route(&b, vec![21, 22], "b");
+    let (_, md) = route(&b, vec![21, 22], "b").await;
     assert_eq!(leases(&b), 1);
     access_log::observe(&a.shared, Some(&a.link), &entry(md));
     until("B's lease to end", || leases(&b) == 0).await;
@@ -237,7 +237,7 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
     })
     .await;
     let later = vec![31, 32, 33, 34];
-    let (r, _) = route(&a, later.clone(), "a");
+    let (r, _) = route(&a, later.clone(), "a").await;
     assert_eq!(held(&b, &later, r), 0);
     // Back (empty): A's pending change reaches B.
     redis.restart();

@@ -61,7 +61,11 @@ impl Drop for Rig {
 }
 
 async fn rig() -> Rig {
-    let cfg = RouterConfig::parse_valid(CONFIG).expect("config");
+    rig_with(CONFIG).await
+}
+
+async fn rig_with(config: &str) -> Rig {
+    let cfg = RouterConfig::parse_valid(config).expect("config");
     let (shared, mut w) = Writer::new(&cfg);
     let now = Instant::now();
     for replica in 0..2 {
@@ -602,5 +606,212 @@ async fn a_routed_request_shows_its_decision_span_when_enabled() {
         "elapsed_us=".to_string(),
     ] {
         assert!(line.contains(&want), "{want} missing: {line}");
+    }
+}
+
+/// Tenants in the decision: limits refuse with a 429, a charge commits what
+/// the access log reports, once.
+mod tenants {
+    use super::*;
+    use envoy_types::pb::envoy::config::core::v3::{
+        Address, SocketAddress, address, socket_address,
+    };
+    use envoy_types::pb::envoy::data::accesslog::v3::HttpResponseProperties;
+    use envoy_types::pb::google::protobuf::{Any, BytesValue, UInt32Value};
+    use prost::Message;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    const TENANTS: &str = r#"
+leases: { min_ms: 60000, max_ms: 60000 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["127.0.0.1:1", "127.0.0.1:2"]
+    cost: { usd_per_million_tokens: 2, cached_usd_per_million_tokens: 1 }
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [pool]
+tenants:
+  named:
+    acme: { tokens_per_minute: 1000, max_requests_in_flight: 2 }
+"#;
+
+    fn request(id: &str, tenant: &str, prompt: u32, max: u32) -> ProcessingRequest {
+        let (p, m) = (prompt.to_string(), max.to_string());
+        headers(&[
+            ("x-request-id", id),
+            (contract::MODEL, "m1"),
+            (contract::TENANT, tenant),
+            (contract::PROMPT_TOKENS, &p),
+            (contract::MAX_TOKENS, &m),
+        ])
+    }
+
+    async fn decide(rig: &Rig, req: ProcessingRequest) -> ProcessingResponse {
+        let (tx, mut replies) = rig.routing().await;
+        tx.send(req).await.expect("send");
+        next(&mut replies).await.expect("a reply")
+    }
+
+    /// An entry with the filter's usage tag and an upstream host.
+    fn finished(tag: &str, usage: &str, upstream: bool) -> HttpAccessLogEntry {
+        let mut e = entry(Some(tag));
+        let common = e.common_properties.as_mut().unwrap();
+        common.filter_state_objects.insert(
+            contract::USAGE_FILTER_STATE.into(),
+            Any {
+                type_url: "type.googleapis.com/google.protobuf.BytesValue".into(),
+                value: BytesValue {
+                    value: usage.as_bytes().to_vec(),
+                }
+                .encode_to_vec(),
+            },
+        );
+        if upstream {
+            common.upstream_remote_address = Some(Address {
+                address: Some(address::Address::SocketAddress(SocketAddress {
+                    address: "127.0.0.1".into(),
+                    port_specifier: Some(socket_address::PortSpecifier::PortValue(1)),
+                    ..Default::default()
+                })),
+            });
+        }
+        e.response = Some(HttpResponseProperties {
+            response_code: Some(UInt32Value { value: 200 }),
+            ..Default::default()
+        });
+        e
+    }
+
+    #[tokio::test]
+    async fn over_a_limit_is_a_429_naming_it_and_nothing_is_held() {
+        let rig = rig_with(TENANTS).await;
+        let reply = decide(&rig, request("r1", "acme", 600, 500)).await;
+        let Some(Response::ImmediateResponse(r)) = &reply.response else {
+            panic!("not refused: {reply:?}");
+        };
+        assert_eq!(r.status.as_ref().map(|s| s.code), Some(429));
+        let header = |name: &str| {
+            r.headers.as_ref().and_then(|h| {
+                h.set_headers.iter().find_map(|o| {
+                    let h = o.header.as_ref()?;
+                    (h.key == name).then(|| String::from_utf8_lossy(&h.raw_value).into_owned())
+                })
+            })
+        };
+        // 1100 tokens can never fit a 1000-per-minute limit: retry in 60 s.
+        assert_eq!(header("retry-after").as_deref(), Some("60"));
+        let body: serde_json::Value = serde_json::from_slice(&r.body).expect("JSON");
+        assert_eq!(body["error"]["code"], "tokens_per_minute");
+        assert_eq!(body["error"]["type"], "rate_limit_exceeded");
+        assert!(body["error"]["param"].is_null());
+        let msg = body["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("'acme'") && msg.contains("1000 tokens per minute"),
+            "{msg}"
+        );
+        assert_eq!(rig.held(), 0, "a refused request holds no load");
+        let t = rig.shared.tenants.ledger().tenant("acme");
+        assert_eq!(
+            t.refused(fleetroute::tenancy::ledger::Limit::TokensPerMinute),
+            1
+        );
+        assert_eq!(
+            (t.admitted.load(Relaxed), t.charged_tokens.load(Relaxed)),
+            (0, 0)
+        );
+        // Another tenant (default limits: none) is routed.
+        let reply = decide(&rig, request("r2", "beta", 600, 500)).await;
+        assert!(route_tag(&reply).is_some(), "{reply:?}");
+    }
+
+    #[tokio::test]
+    async fn the_entry_commits_real_usage_once_and_a_cut_stream_what_it_streamed() {
+        let rig = rig_with(TENANTS).await;
+        let ledger = rig.shared.tenants.ledger();
+        let a = route_tag(&decide(&rig, request("a", "acme", 100, 200)).await).expect("a");
+        let b = route_tag(&decide(&rig, request("b", "acme", 100, 200)).await).expect("b");
+        let t = ledger.tenant("acme");
+        assert_eq!(t.requests.load(Relaxed), 2);
+        assert_eq!(t.tokens.load(Relaxed), 600, "prompt + max_tokens each");
+        // A third would pass max_requests_in_flight: 2.
+        let reply = decide(&rig, request("c", "acme", 1, 1)).await;
+        assert!(matches!(
+            reply.response,
+            Some(Response::ImmediateResponse(_))
+        ));
+
+        let (logs, _call) = rig.logs().await;
+        // a: the engine's usage (40 of 100 prompt tokens cached).
+        // b: cut mid-stream before any usage: 7 events streamed.
+        logs.send(batch(vec![
+            finished(&a, "100|20|40|1|21", true),
+            finished(&b, "-|-|-|0|7", true),
+        ]))
+        .await
+        .expect("send");
+        wait_until("both charges", || t.committed.load(Relaxed) == 2).await;
+        assert_eq!(t.charged_tokens.load(Relaxed), 120 + 107);
+        // $2/M for 60 uncached + 20 out, $1/M for 40 cached; then 107 at $2/M.
+        let want = (80.0 * 2.0 + 40.0) + 107.0 * 2.0;
+        assert_eq!(t.charged_micro_usd.load(Relaxed), want as u64);
+        assert_eq!((t.requests.load(Relaxed), t.tokens.load(Relaxed)), (0, 0));
+        assert_eq!(t.minute_used(ledger.clock().now_ms()), 227);
+        // The same entries again (a repeated log batch): nothing more.
+        logs.send(batch(vec![
+            finished(&a, "100|20|40|1|21", true),
+            finished(&b, "-|-|-|0|7", true),
+        ]))
+        .await
+        .expect("send");
+        wait_until("the repeats to be read", || rig.logged("late") == 2).await;
+        assert_eq!(t.charged_tokens.load(Relaxed), 227);
+        assert_eq!(t.admitted.load(Relaxed), 2);
+    }
+
+    #[tokio::test]
+    async fn a_request_that_never_reached_a_replica_is_free() {
+        let rig = rig_with(TENANTS).await;
+        let tag = route_tag(&decide(&rig, request("a", "acme", 100, 200)).await).expect("a");
+        let (logs, _call) = rig.logs().await;
+        logs.send(batch(vec![finished(&tag, "-|-|-|0|0", false)]))
+            .await
+            .expect("send");
+        let t = rig.shared.tenants.ledger().tenant("acme");
+        wait_until("the commit", || t.committed.load(Relaxed) == 1).await;
+        assert_eq!(t.charged_tokens.load(Relaxed), 0);
+        assert_eq!(
+            t.minute_used(rig.shared.tenants.ledger().clock().now_ms()),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lease_that_expires_charges_the_estimate_and_a_late_entry_corrects_it() {
+        let rig =
+            rig_with(&TENANTS.replace("min_ms: 60000, max_ms: 60000", "min_ms: 30, max_ms: 30"))
+                .await;
+        let tag = route_tag(&decide(&rig, request("a", "acme", 100, 200)).await).expect("a");
+        let t = rig.shared.tenants.ledger().tenant("acme");
+        wait_until("the lease to expire", || rig.held() == 0).await;
+        assert_eq!(
+            (t.expired.load(Relaxed), t.charged_tokens.load(Relaxed)),
+            (1, 300)
+        );
+        assert_eq!(t.requests.load(Relaxed), 0, "in-flight capacity is back");
+        let (logs, _call) = rig.logs().await;
+        logs.send(batch(vec![finished(&tag, "100|5|0|1|6", true)]))
+            .await
+            .expect("send");
+        wait_until("the late commit", || t.late_commits.load(Relaxed) == 1).await;
+        assert_eq!(t.charged_tokens.load(Relaxed), 105);
+        assert_eq!((t.expired.load(Relaxed), t.committed.load(Relaxed)), (0, 1));
+        // Once: the same entry again changes nothing.
+        logs.send(batch(vec![finished(&tag, "100|5|0|1|6", true)]))
+            .await
+            .expect("send");
+        wait_until("the repeat", || rig.logged("late") == 2).await;
+        assert_eq!(t.charged_tokens.load(Relaxed), 105);
     }
 }

@@ -233,29 +233,37 @@ pub const ROUTE_KEY: &str = "route";
 pub const INSTANCE_KEY: &str = "instance";
 
 /// What the response said about itself:
-/// `<prompt>|<completion>|<cached>|<done>` (`-` for a figure the response did
-/// not carry; done: `1` once an SSE stream reached `data: [DONE]`).
+/// `<prompt>|<completion>|<cached>|<done>|<streamed>` (`-` for a figure the
+/// response did not carry; done: `1` once an SSE stream reached
+/// `data: [DONE]`; streamed: SSE data events that passed, `[DONE]` not
+/// counted, so a stream cut before its usage is charged what it streamed).
+/// A tag without `streamed` (an older filter) reads as 0 streamed.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct UsageTag {
     /// (prompt, completion, cached) tokens; cached is `None` when the engine
     /// does not report it (unknown, not zero).
     pub usage: Option<(u64, u64, Option<u64>)>,
     pub done: bool,
+    pub streamed: u64,
 }
 
 impl UsageTag {
     pub fn encode(&self) -> String {
-        let d = u8::from(self.done);
+        let (d, n) = (u8::from(self.done), self.streamed);
         match self.usage {
-            Some((p, c, Some(k))) => format!("{p}|{c}|{k}|{d}"),
-            Some((p, c, None)) => format!("{p}|{c}|-|{d}"),
-            None => format!("-|-|-|{d}"),
+            Some((p, c, Some(k))) => format!("{p}|{c}|{k}|{d}|{n}"),
+            Some((p, c, None)) => format!("{p}|{c}|-|{d}|{n}"),
+            None => format!("-|-|-|{d}|{n}"),
         }
     }
 
     pub fn decode(s: &str) -> Option<Self> {
         let mut it = s.split('|');
         let (p, c, k, d) = (it.next()?, it.next()?, it.next()?, it.next()?);
+        let streamed = match it.next() {
+            Some(n) => n.parse().ok()?,
+            None => 0,
+        };
         if it.next().is_some() {
             return None;
         }
@@ -275,7 +283,11 @@ impl UsageTag {
                 },
             )),
         };
-        Some(UsageTag { usage, done })
+        Some(UsageTag {
+            usage,
+            done,
+            streamed,
+        })
     }
 }
 
@@ -320,9 +332,13 @@ mod tests {
     proptest! {
         #[test]
         fn usage_tag_roundtrips(p in any::<u64>(), c in any::<u64>(), k in proptest::option::of(any::<u64>()),
-                                some in any::<bool>(), done in any::<bool>()) {
-            let t = UsageTag { usage: some.then_some((p, c, k)), done };
+                                some in any::<bool>(), done in any::<bool>(), streamed in any::<u64>()) {
+            let t = UsageTag { usage: some.then_some((p, c, k)), done, streamed };
             prop_assert_eq!(UsageTag::decode(&t.encode()), Some(t));
+            // An older filter's tag (no streamed count) still reads.
+            let old = t.encode();
+            let old = &old[..old.rfind('|').unwrap()];
+            prop_assert_eq!(UsageTag::decode(old), Some(UsageTag { streamed: 0, ..t }));
         }
 
         #[test]

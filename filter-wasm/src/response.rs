@@ -1,6 +1,8 @@
 //! What a response says about itself, read chunk by chunk as it passes: the
 //! `usage` object (of a JSON body, or of the SSE event that carries it) and,
-//! for SSE, whether the stream reached `data: [DONE]`. Whatever the chunk
+//! for SSE, whether the stream reached `data: [DONE]` and how many data
+//! events streamed (a stream cut before its usage is charged for them: one
+//! token per event, as engines stream). Whatever the chunk
 //! boundaries; nothing is kept but the usage object itself (bounded) and the
 //! last few bytes of the previous chunk. Between matches the bytes are skipped
 //! by substring search, not looked at one by one. The result reaches Envoy's
@@ -14,6 +16,8 @@ use crate::contract::UsageTag;
 const KEY: &[u8] = b"\"usage\"";
 /// `data: [DONE]` at the start of a line.
 const DONE: &[u8] = b"\ndata: [DONE]";
+/// A data line (an SSE event), with or without a space after the colon.
+const EVENT: &[u8] = b"\ndata:";
 /// A usage object larger than this is not one we can use.
 pub const MAX_OBJECT: usize = 4096;
 
@@ -41,6 +45,8 @@ pub struct UsageScanner {
     object: Vec<u8>,
     /// The last bytes seen; starts as a newline (the body begins a line).
     tail: Vec<u8>,
+    /// Data lines seen, `[DONE]` included.
+    events: u64,
     pub tag: UsageTag,
 }
 
@@ -50,6 +56,7 @@ impl Default for UsageScanner {
             state: State::Seek,
             object: Vec::new(),
             tail: b"\n".to_vec(),
+            events: 0,
             tag: UsageTag::default(),
         }
     }
@@ -92,6 +99,13 @@ impl UsageScanner {
     /// or the stream's end seen): the moment to hand it to Envoy again.
     pub fn push(&mut self, chunk: &[u8]) -> bool {
         let mut changed = false;
+        let events = u64::from(across(&self.tail, chunk, EVENT).is_some())
+            + memmem::find_iter(chunk, EVENT).count() as u64;
+        if events > 0 {
+            self.events += events;
+            // Only needed while no usage has come: then it is what is charged.
+            changed |= self.tag.usage.is_none();
+        }
         if !self.tag.done
             && (across(&self.tail, chunk, DONE).is_some() || memmem::find(chunk, DONE).is_some())
         {
@@ -166,6 +180,7 @@ impl UsageScanner {
                 }
             }
         }
+        self.tag.streamed = self.events - u64::from(self.tag.done);
         // Keep the last bytes for a needle split across this chunk and the next.
         if chunk.len() >= TAIL {
             self.tail.clear();
@@ -232,6 +247,26 @@ data: [DONE]\n\n";
     }
 
     #[test]
+    fn a_cut_stream_counts_what_streamed() {
+        let t = scan(&[
+            b"data: {\"c\":1}\n\ndata:{\"c\"",
+            b":2}\r\n\r\ndata: {\"c\":3}\n\n",
+        ]);
+        assert_eq!((t.usage, t.done, t.streamed), (None, false, 3));
+        let mut s = UsageScanner::default();
+        assert!(
+            s.push(b"data: {}\n\n"),
+            "a new event is news before any usage"
+        );
+        assert!(!s.push(b": keep-alive\n\n"), "a comment is not an event");
+        assert_eq!(
+            scan(&[br#"{"id":"x","data":1}"#]).streamed,
+            0,
+            "JSON bodies stream nothing"
+        );
+    }
+
+    #[test]
     fn oversized_usage_is_dropped_not_kept() {
         let mut body = b"{\"usage\":{\"x\":\"".to_vec();
         body.extend(std::iter::repeat_n(b'a', 10_000));
@@ -255,6 +290,7 @@ data: [DONE]\n\n";
             }
             prop_assert!(s.tag.done);
             prop_assert_eq!(s.tag.usage, Some((40, 2, Some(32))));
+            prop_assert_eq!(s.tag.streamed, 2, "two data events besides [DONE]");
         }
 
         #[test]

@@ -96,6 +96,8 @@ struct Stream {
     bytes: Vec<u8>,
     usage: Option<Tokens>,
     done: bool,
+    /// Data events, `[DONE]` not counted.
+    events: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -123,6 +125,7 @@ fn stream() -> impl Strategy<Value = Stream> {
             let data = if space { "data: " } else { "data:" };
             let mut s = String::new();
             let mut usage = None;
+            let mut count = 0;
             for e in events {
                 match e {
                     Event::Content(t, u) => {
@@ -138,6 +141,7 @@ fn stream() -> impl Strategy<Value = Stream> {
                         }
                         s.push_str(data);
                         s.push_str(&v.to_string());
+                        count += 1;
                     }
                     Event::Other(line) => s.push_str(&line),
                 }
@@ -150,6 +154,7 @@ fn stream() -> impl Strategy<Value = Stream> {
                 s.push_str(eol);
                 s.push_str(eol);
                 usage = Some(tokens);
+                count += 1;
             }
             if done {
                 s.push_str("data: [DONE]");
@@ -160,6 +165,7 @@ fn stream() -> impl Strategy<Value = Stream> {
                 bytes: s.into_bytes(),
                 usage,
                 done,
+                events: count,
             }
         })
 }
@@ -254,6 +260,7 @@ proptest! {
         let tag = scan(&s.bytes, &cuts)?;
         prop_assert_eq!(tag.usage, s.usage, "{}", String::from_utf8_lossy(&s.bytes));
         prop_assert_eq!(tag.done, s.done);
+        prop_assert_eq!(tag.streamed, s.events);
         prop_assert_eq!(scan_bytewise(&s.bytes), tag);
     }
 
@@ -263,6 +270,7 @@ proptest! {
         let tag = scan(&body, &cuts)?;
         prop_assert_eq!(tag.usage, want, "{}", String::from_utf8_lossy(&body));
         prop_assert!(!tag.done);
+        prop_assert_eq!(tag.streamed, 0);
         prop_assert_eq!(scan_bytewise(&body), tag);
     }
 

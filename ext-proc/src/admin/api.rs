@@ -4,7 +4,11 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{Bounds, ExperimentConfig, RoutingConfig};
+use std::collections::BTreeMap;
+
+use crate::config::{
+    Bounds, ExperimentConfig, MAX_LIMIT, RoutingConfig, TenantLimits, TenantPatch, check_tenant_id,
+};
 
 pub const READY: &str = "/ready";
 pub const METRICS: &str = "/metrics";
@@ -18,6 +22,11 @@ pub const SCALE: &str = "/v1/scale";
 pub const DRAIN: &str = "/v1/drain";
 pub const EXPERIMENT: &str = "/v1/experiment";
 pub const RELOAD: &str = "/v1/reload";
+pub const TENANTS: &str = "/v1/tenants";
+/// `GET /v1/tenant?name=TENANT`; `POST` changes its limits.
+pub const TENANT: &str = "/v1/tenant";
+/// Most tenants one `GET /v1/tenants` answers with.
+pub const MAX_TENANTS_LISTED: usize = 1000;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -130,6 +139,80 @@ pub struct SnapshotView {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StageQuery {
     pub name: String,
+}
+
+/// One tenant: the limits that apply to it and what it used on this
+/// instance (counters start with the process).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TenantView {
+    pub name: String,
+    /// It has its own entry in `tenants.named`; else `default` applies.
+    pub named: bool,
+    /// Counted under its own id (else it would count as `other`: not seen
+    /// yet, or beyond the tracking bound).
+    pub tracked: bool,
+    pub limits: TenantLimits,
+    pub usage: TenantUsage,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantUsage {
+    pub requests_in_flight: u64,
+    /// Prompt + `max_tokens` of the requests in flight.
+    pub tokens_in_flight: u64,
+    /// Tokens counted in the last 60–70 s on this instance (what
+    /// `tokens_per_minute` is checked against without Redis).
+    pub tokens_last_minute: u64,
+    pub spent_usd_today: f64,
+    pub spent_usd_this_month: f64,
+    /// Estimated cost of the requests in flight.
+    pub reserved_usd: f64,
+    /// What is left of the budget in its period (spent and reserved taken).
+    pub budget_left_usd: Option<f64>,
+    /// Reservations made; each ends as one of committed, expired (a lost
+    /// end, charged its estimate) or dropped (never sent, not charged).
+    pub admitted: u64,
+    pub committed: u64,
+    pub expired: u64,
+    pub dropped: u64,
+    /// Commits that corrected an expiry's estimate.
+    pub late_commits: u64,
+    /// Prompt + completion tokens charged since start.
+    pub tokens_charged: u64,
+    pub usd_charged: f64,
+    /// Requests refused, by the limit that refused them.
+    pub refused: BTreeMap<String, u64>,
+}
+
+/// `GET /v1/tenants`: the tenants using the most tokens first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TenantsView {
+    /// Tenants counted under their own id on this instance.
+    pub tracked: usize,
+    pub tenants: Vec<TenantView>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TenantQuery {
+    pub name: String,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TenantsQuery {
+    /// At most this many (default 100, at most [`MAX_TENANTS_LISTED`]).
+    pub limit: Option<usize>,
+}
+
+/// `POST /v1/tenant`: change a tenant's limits (fields left out stay,
+/// `null` makes one unlimited), or `remove` its named entry.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantRequest {
+    pub name: String,
+    #[serde(default)]
+    pub limits: TenantPatch,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub remove: bool,
 }
 
 /// `GET /debug/decisions`: newest first.
@@ -256,6 +339,42 @@ impl Check for ScaleRequest {
         } else {
             Err(format!("min {} is above max {}", self.min, self.max))
         }
+    }
+}
+
+impl Check for TenantRequest {
+    fn check(&self) -> Result<(), String> {
+        check_tenant_id(&self.name).map_err(|e| format!("tenant '{}': {e}", self.name))?;
+        if self.remove && !self.limits.is_empty() {
+            return Err("remove takes no limits".into());
+        }
+        if !self.remove && self.limits.is_empty() {
+            return Err("nothing to change: give a limit, a budget or a priority".into());
+        }
+        let l = &self.limits;
+        for (name, v) in [
+            ("max_requests_in_flight", l.max_requests_in_flight),
+            ("max_tokens_in_flight", l.max_tokens_in_flight),
+            ("tokens_per_minute", l.tokens_per_minute),
+        ] {
+            if let Some(Some(v)) = v
+                && !(1..=MAX_LIMIT).contains(&v)
+            {
+                return Err(format!(
+                    "{name} {v} must be 1 to {MAX_LIMIT} (none for unlimited)"
+                ));
+            }
+        }
+        if let Some(Some(b)) = l.budget
+            && !(b.usd.is_finite() && b.usd >= 0.0 && b.usd * 1e6 < MAX_LIMIT as f64)
+        {
+            return Err(format!(
+                "budget {} USD must be a finite number from 0 to {}",
+                b.usd,
+                MAX_LIMIT / 1_000_000
+            ));
+        }
+        Ok(())
     }
 }
 

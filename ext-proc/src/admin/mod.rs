@@ -1,6 +1,6 @@
 //! The admin HTTP API (loopback by default): readiness, Prometheus metrics,
-//! a view of each stage, and changes (split, host bounds, drain, experiments,
-//! reload). Reads are open; every change needs the bearer token fleetroute
+//! a view of each stage and of each tenant, and changes (split, host bounds,
+//! drain, experiments, tenant limits, reload). Reads are open; every change needs the bearer token fleetroute
 //! was started with, and is logged with what changed.
 //!
 //! `api` is the contract the CLI shares; `server` the routes; `views` reads
@@ -10,6 +10,7 @@ pub mod api;
 mod auth;
 mod errors;
 mod server;
+mod tenant_views;
 #[cfg(test)]
 mod tests;
 mod views;

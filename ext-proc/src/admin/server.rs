@@ -18,11 +18,12 @@ use serde::de::DeserializeOwned;
 
 use super::api::{
     self, Applied, Check, DecisionQuery, DrainRequest, ExperimentRequest, ScaleRequest,
-    SnapshotView, SplitRequest, StageQuery, StageView,
+    SnapshotView, SplitRequest, StageQuery, StageView, TenantQuery, TenantRequest, TenantView,
+    TenantsQuery, TenantsView,
 };
 use super::auth::authorize;
 use super::errors::ApiError;
-use super::views;
+use super::{tenant_views, views};
 use crate::reload::Reloader;
 use crate::state::{Change, ChangeError, Shared, decision_log};
 
@@ -65,6 +66,8 @@ pub fn router(state: AdminState) -> Router {
         .route(api::DRAIN, post(drain))
         .route(api::EXPERIMENT, post(experiment))
         .route(api::RELOAD, post(reload))
+        .route(api::TENANTS, get(tenants))
+        .route(api::TENANT, get(tenant).post(set_tenant))
         .fallback(|| async { ApiError::NotFound("no such path".into()) })
         .method_not_allowed_fallback(|| async {
             ApiError::MethodNotAllowed("this path does not take this method".into())
@@ -92,6 +95,8 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
+    // Per-tenant series are brought up to date when they are read.
+    crate::state::tenant_metrics::export(&s.shared);
     (
         [(
             header::CONTENT_TYPE,
@@ -140,6 +145,50 @@ async fn stage(
     views::stage_by_name(&s.shared.snapshot(), &q.name)
         .map(Json)
         .ok_or_else(|| ApiError::NotFound(format!("no stage '{}'", q.name)))
+}
+
+async fn tenants(
+    State(s): State<AdminState>,
+    q: Result<Query<TenantsQuery>, QueryRejection>,
+) -> Result<Json<TenantsView>, ApiError> {
+    let q = query(q)?;
+    let limit = q.limit.unwrap_or(100).min(api::MAX_TENANTS_LISTED);
+    Ok(Json(tenant_views::tenants(&s.shared, limit)))
+}
+
+async fn tenant(
+    State(s): State<AdminState>,
+    q: Result<Query<TenantQuery>, QueryRejection>,
+) -> Result<Json<TenantView>, ApiError> {
+    let q = query(q)?;
+    let name = crate::route::key::truncate_id(&q.name);
+    tenant_views::tenant(&s.shared, name)
+        .map(Json)
+        .ok_or_else(|| {
+            let snap = s.shared.snapshot();
+            ApiError::NotFound(format!(
+                "tenant '{name}' has not been seen here; it gets {} ({})",
+                if snap.config.tenants.named.contains_key(name) {
+                    "its named limits"
+                } else {
+                    "the default limits"
+                },
+                snap.tenant(name)
+            ))
+        })
+}
+
+async fn set_tenant(
+    State(s): State<AdminState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Applied>, ApiError> {
+    change(&s, &headers, &body, |b: TenantRequest| Change::Tenant {
+        name: b.name,
+        patch: b.limits,
+        remove: b.remove,
+    })
+    .await
 }
 
 /// Waits for the writer's verdict, at most `change_timeout`.

@@ -376,3 +376,106 @@ async fn a_reload_of_an_invalid_file_is_400_and_a_valid_one_applies() {
     let what = post_ok(&api, api::RELOAD, "").await;
     assert!(what.contains("generation 2"), "{what}");
 }
+
+#[tokio::test]
+async fn tenants_are_read_and_changed_through_the_api() {
+    use crate::tenancy::ledger::{Estimate, Usage};
+    let api = api(WriterIs::Running, Some(TOKEN));
+    // Usage as the request path and the observer make it.
+    let ledger = api.shared.tenants.ledger();
+    let est = Estimate {
+        prompt_tokens: 100,
+        max_tokens: 50,
+        cost_usd: 0.0,
+        ttl: None,
+    };
+    let r = ledger.admit("acme", &est).unwrap();
+    let held = ledger.admit("acme", &est).unwrap();
+    r.commit(
+        Usage {
+            prompt: 100,
+            cached: 0,
+            completion: 20,
+        },
+        0.5,
+    );
+    let (status, text) = call(&api, "GET", "/v1/tenant?name=acme", "", None).await;
+    assert_eq!(status, 200, "{text}");
+    let v: api::TenantView = serde_json::from_str(&text).unwrap();
+    assert_eq!((v.name.as_str(), v.named, v.tracked), ("acme", false, true));
+    assert_eq!(v.usage.requests_in_flight, 1);
+    assert_eq!(v.usage.tokens_in_flight, 150);
+    assert_eq!(v.usage.tokens_charged, 120);
+    assert_eq!((v.usage.admitted, v.usage.committed), (2, 1));
+    assert!((v.usage.usd_charged - 0.5).abs() < 1e-9);
+    assert_eq!(v.limits.tokens_per_minute, None);
+
+    // Unknown tenants are not tracked by being looked at.
+    let (status, e) = refused(&api, "GET", "/v1/tenant?name=ghost", "", None).await;
+    assert_eq!(status, 404);
+    assert!(
+        e.error.message.contains("default limits"),
+        "{}",
+        e.error.message
+    );
+    assert!(ledger.find("ghost").is_none());
+
+    // A change needs the token, and checks its own values first.
+    let body =
+        r#"{"name":"acme","limits":{"tokens_per_minute":2000,"budget":{"usd":5,"per":"day"}}}"#;
+    let (status, _) = refused(&api, "POST", api::TENANT, body, None).await;
+    assert_eq!(status, 401);
+    for bad in [
+        r#"{"name":"acme","limits":{"tokens_per_minute":0}}"#,
+        r#"{"name":"acme","limits":{}}"#,
+        r#"{"name":"other","limits":{"tokens_per_minute":5}}"#,
+        r#"{"name":"a b","limits":{"tokens_per_minute":5}}"#,
+        r#"{"name":"acme","limits":{"tokens_per_min":5}}"#,
+        r#"{"name":"acme","remove":true,"limits":{"tokens_per_minute":5}}"#,
+    ] {
+        let (status, e) = refused(&api, "POST", api::TENANT, bad, Some(TOKEN)).await;
+        assert_eq!((status, e.error.code), (400, ErrorCode::Invalid), "{bad}");
+    }
+    let applied = post_ok(&api, api::TENANT, body).await;
+    assert!(
+        applied.contains("tenant 'acme'") && applied.contains("tokens_per_minute 2000"),
+        "{applied}"
+    );
+    // The config and the ledger both have it; the counters stayed.
+    let snap = api.shared.snapshot();
+    assert_eq!(snap.tenant("acme").tokens_per_minute, Some(2000));
+    let t = ledger.find("acme").unwrap();
+    assert_eq!(t.limits().tokens_per_minute, Some(2000));
+    assert_eq!(
+        t.charged_tokens.load(std::sync::atomic::Ordering::Relaxed),
+        120
+    );
+    // null makes a limit unlimited; other fields stay.
+    post_ok(
+        &api,
+        api::TENANT,
+        r#"{"name":"acme","limits":{"tokens_per_minute":null}}"#,
+    )
+    .await;
+    let t = ledger.find("acme").unwrap();
+    assert_eq!(t.limits().tokens_per_minute, None);
+    assert_eq!(t.limits().budget.map(|b| b.usd), Some(5.0));
+    let (_, text) = call(&api, "GET", api::TENANTS, "", None).await;
+    let all: api::TenantsView = serde_json::from_str(&text).unwrap();
+    assert_eq!(all.tracked, 1);
+    assert!(all.tenants[0].named);
+    assert_eq!(all.tenants[0].usage.budget_left_usd, Some(5.0 - 0.5));
+    // Removing the entry puts it back on the default limits.
+    post_ok(&api, api::TENANT, r#"{"name":"acme","remove":true}"#).await;
+    assert_eq!(ledger.find("acme").unwrap().limits().budget, None);
+    let (status, _) = refused(
+        &api,
+        "POST",
+        api::TENANT,
+        r#"{"name":"acme","remove":true}"#,
+        Some(TOKEN),
+    )
+    .await;
+    assert_eq!(status, 404, "no named entry to remove");
+    drop(held);
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::admin::api::{Applied, Check, ErrorBody, StageView};
+use crate::admin::api::{Applied, Check, ErrorBody, StageView, TenantView, TenantsView};
 
 /// Where the admin API is and how to authorise changes.
 pub struct Client {
@@ -76,6 +76,16 @@ impl Client {
     pub async fn stage(&self, name: &str) -> Result<StageView, CliError> {
         let url = format!("{}{}", self.base, crate::admin::api::STAGE);
         self.send(self.http.get(url).query(&[("name", name)])).await
+    }
+
+    pub async fn tenant(&self, name: &str) -> Result<TenantView, CliError> {
+        let url = format!("{}{}", self.base, crate::admin::api::TENANT);
+        self.send(self.http.get(url).query(&[("name", name)])).await
+    }
+
+    pub async fn tenants(&self) -> Result<TenantsView, CliError> {
+        let url = format!("{}{}", self.base, crate::admin::api::TENANTS);
+        self.send(self.http.get(url)).await
     }
 
     /// A change: checked here first, so a bad value never leaves the machine.

@@ -6,8 +6,10 @@ use std::process::ExitCode;
 
 use super::client::{CliError, Client};
 use super::render::{render_endpoint, render_metrics};
+use super::tenants::{SetFlags, render_tenant, render_tenants};
 use crate::admin::api::{
     self, Applied, DrainRequest, ExperimentRequest, ScaleRequest, SplitRequest, StageView,
+    TenantRequest,
 };
 use crate::config::{AbTest, ExperimentConfig, Shadow, Variant};
 
@@ -121,6 +123,39 @@ pub fn experiment_set(
     };
     let body = ExperimentRequest { stage, experiment };
     applied(runtime().block_on(target.client().change(api::EXPERIMENT, &body)))
+}
+
+/// `tenant get [NAME]`: one tenant, or every tenant tracked (heaviest first).
+pub fn tenant_get(target: &Target, name: Option<&str>, json: bool) -> ExitCode {
+    let rt = runtime();
+    let client = target.client();
+    let (text, value) = match name {
+        Some(n) => match rt.block_on(client.tenant(n)) {
+            Ok(v) => (render_tenant(&v), serde_json::to_value(&v)),
+            Err(e) => return fail(&e),
+        },
+        None => match rt.block_on(client.tenants()) {
+            Ok(v) => (render_tenants(&v), serde_json::to_value(&v)),
+            Err(e) => return fail(&e),
+        },
+    };
+    if json {
+        let v = value.expect("a view serialises");
+        println!("{}", serde_json::to_string_pretty(&v).expect("JSON"));
+    } else {
+        print!("{text}");
+    }
+    ExitCode::SUCCESS
+}
+
+/// `tenant set NAME ...` (`--remove` drops its named entry).
+pub fn tenant_set(target: &Target, name: String, flags: SetFlags, remove: bool) -> ExitCode {
+    let body = TenantRequest {
+        name,
+        limits: flags.patch(),
+        remove,
+    };
+    applied(runtime().block_on(target.client().change(api::TENANT, &body)))
 }
 
 pub fn reload(target: &Target) -> ExitCode {

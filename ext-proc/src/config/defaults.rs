@@ -18,6 +18,39 @@ pub fn warmup_timeout_ms() -> u64 {
     10_000
 }
 
+pub fn redis_prefix() -> String {
+    "fleetroute".into()
+}
+
+pub fn redis_slice_fraction() -> f64 {
+    0.05
+}
+
+pub fn redis_timeout_ms() -> u64 {
+    100
+}
+
+impl Default for TenantMetricsConfig {
+    fn default() -> Self {
+        TenantMetricsConfig {
+            top: 20,
+            pinned: Vec::new(),
+        }
+    }
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        AuditConfig {
+            path: None,
+            stdout: false,
+            max_bytes: 100 << 20,
+            max_files: 5,
+            buffer: 8192,
+        }
+    }
+}
+
 impl Default for RoutingConfig {
     fn default() -> Self {
         RoutingConfig::Latency(ScoredRouting {

@@ -6,6 +6,7 @@ mod envoy;
 mod model;
 mod routing;
 mod source;
+mod tenants;
 mod valid;
 mod validate;
 
@@ -17,7 +18,9 @@ pub use envoy::*;
 pub use model::*;
 pub use routing::*;
 pub use source::*;
+pub use tenants::*;
 pub use valid::{ValidConfig, validate};
+pub use validate::check_tenant_id;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {

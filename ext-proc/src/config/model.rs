@@ -26,6 +26,15 @@ pub struct RouterConfig {
     pub default_stage: Option<String>,
     pub fleets: Vec<FleetConfig>,
     pub stages: Vec<StageConfig>,
+    /// Per-tenant limits, budgets and priority classes (`tenants.rs`).
+    #[serde(default)]
+    pub tenants: super::TenantsConfig,
+    /// Shares per-minute tenant limits between instances through Redis.
+    #[serde(default)]
+    pub tenants_redis: Option<super::TenantsRedisConfig>,
+    /// The audit log: one JSON line per request.
+    #[serde(default)]
+    pub audit: super::AuditConfig,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -148,6 +157,11 @@ pub struct CostConfig {
     /// Expected tokens per second of one replica, used for the GPU-hour
     /// derivation until the fleet's throughput has been measured.
     pub tokens_per_sec: Option<f64>,
+    /// Price of a prompt token the engine served from its cache, USD per
+    /// million (providers discount them); unset: priced like any token.
+    /// Only tenant budgets use it.
+    #[serde(default)]
+    pub cached_usd_per_million_tokens: Option<f64>,
 }
 
 /// What one replica of the fleet can take before it counts as saturated.

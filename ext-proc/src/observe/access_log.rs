@@ -106,14 +106,23 @@ fn count(shared: &Shared, result: &str) {
         .inc();
 }
 
-/// Ends the entry's lease (this instance's decision) and hands its outcome
-/// to the writer.
+/// Ends the entry's lease (this instance's decision), commits its tenant's
+/// charge and hands its outcome to the writer.
 pub fn observe_own(shared: &Shared, entry: &HttpAccessLogEntry) {
     let result = match read_entry(entry) {
         None => "untagged",
         Some((nonce, mut obs)) => {
-            obs.decided = shared.leases.end(nonce).map(|l| l.decided);
+            let lease = shared.leases.end(nonce);
+            obs.decided = lease.as_ref().map(|l| l.decided);
             let ended = obs.decided.is_some();
+            // The lease's own charge, or one its expiry left for a late entry.
+            let charge = match &lease {
+                Some(l) => l.take_charge(),
+                None => shared.leases.late_charge(nonce),
+            };
+            if let Some(c) = charge {
+                super::charge::settle(shared, entry, &obs, c);
+            }
             shared.emit(Event::Observed(Box::new(obs)));
             if ended { "observed" } else { "late" }
         }
@@ -223,7 +232,7 @@ fn host_port(a: &Address) -> Option<String> {
 }
 
 /// Envoy logs a Wasm property as bytes (or a string, by schema).
-fn usage_tag(any: &Any) -> Option<UsageTag> {
+pub(super) fn usage_tag(any: &Any) -> Option<UsageTag> {
     let text = if any.type_url.ends_with("google.protobuf.BytesValue") {
         String::from_utf8(BytesValue::decode(any.value.as_slice()).ok()?.value).ok()?
     } else if any.type_url.ends_with("google.protobuf.StringValue") {

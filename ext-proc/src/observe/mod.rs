@@ -2,6 +2,7 @@
 //! (`access_log`: one batched stream per Envoy worker, no call per request).
 
 pub mod access_log;
+pub mod charge;
 pub mod envoy_stats;
 pub mod forward;
 pub use crate::state::usage;

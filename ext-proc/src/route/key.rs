@@ -23,8 +23,12 @@ pub struct RouteKey<'a> {
     pub blocks: Vec<u64>,
     pub block_tokens: u32,
     pub prompt_tokens: u32,
-    /// The request's `max_tokens`, when it set one (bounds its load lease).
+    /// The request's `max_tokens`, when it set one (bounds its load lease
+    /// and its tenant's reservation).
     pub max_tokens: Option<u32>,
+    /// The tenant the filter found (its header value or a hash of the key),
+    /// truncated like the request id; empty when none.
+    pub tenant: &'a str,
 }
 
 /// A header's value as Envoy sends it.
@@ -61,6 +65,7 @@ impl<'a> RouteKey<'a> {
                 contract::BLOCK_TOKENS => k.block_tokens = v.parse().unwrap_or(0),
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
                 contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
+                contract::TENANT => k.tenant = truncate_id(v),
                 _ => {}
             }
         }
@@ -117,5 +122,21 @@ mod tests {
         let k = RouteKey::from_headers(&map);
         assert_eq!(k.request_id.len(), MAX_REQUEST_ID);
         assert_eq!(k.key, xxh3_64(&[b'a'; MAX_REQUEST_ID]));
+    }
+
+    #[test]
+    fn the_tenant_is_read_and_bounded() {
+        let header = |v: String| HeaderMap {
+            headers: vec![HeaderValue {
+                key: contract::TENANT.into(),
+                raw_value: v.into_bytes(),
+                ..Default::default()
+            }],
+        };
+        let map = header("acme".into());
+        assert_eq!(RouteKey::from_headers(&map).tenant, "acme");
+        let map = header("t".repeat(10_000));
+        assert_eq!(RouteKey::from_headers(&map).tenant.len(), MAX_REQUEST_ID);
+        assert_eq!(RouteKey::from_headers(&HeaderMap::default()).tenant, "");
     }
 }

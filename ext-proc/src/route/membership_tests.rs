@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use fleetroute_filter::contract::KeySource;
+use futures::executor::block_on;
 
 use super::key::RouteKey;
 use super::place::place;
@@ -166,7 +167,7 @@ fn a_joiner_takes_new_keys_at_once_and_the_guard_bounds_what_it_takes() {
     let blocks = |c: u64| (0..8).map(|b| c * 1000 + b).collect::<Vec<u64>>();
     let mut home = HashMap::new();
     for c in 0..40 {
-        let p = place(&rig.shared, key(c, blocks(c)), c).unwrap();
+        let p = block_on(place(&rig.shared, key(c, blocks(c)), c)).unwrap();
         home.insert(c, *p.decision.replicas.head());
         p.guard.release();
         rig.w.drain(rig.now);
@@ -196,7 +197,7 @@ fn a_joiner_takes_new_keys_at_once_and_the_guard_bounds_what_it_takes() {
     burst.extend(stayers.iter().map(|&c| (c, blocks(c))));
     let mut to_joiner = Vec::new();
     for (i, (c, b)) in burst.iter().enumerate() {
-        let p = place(&rig.shared, key(*c, b.clone()), *c).unwrap();
+        let p = block_on(place(&rig.shared, key(*c, b.clone()), *c)).unwrap();
         let r = *p.decision.replicas.head();
         assert_ne!(r, leaver, "a decision went to the leaving replica");
         if r == joiner {

@@ -2,6 +2,7 @@
 //! `RouteKey → stage → Candidates → fleet → ReplicaChoice → Decision`.
 //! It reads a snapshot and never writes.
 
+pub mod admit;
 pub mod eligible;
 pub mod experiment;
 pub mod fleet;
@@ -53,12 +54,22 @@ pub enum Reject {
     PolicyRefused {
         stage: String,
     },
+    /// The tenant would pass one of its limits (`code` names it).
+    TenantLimit {
+        stage: String,
+        tenant: String,
+        code: &'static str,
+        /// The limit as the message states it.
+        limit: String,
+        retry_after_s: u64,
+    },
 }
 
 impl Reject {
     pub fn status(&self) -> u16 {
         match self {
             Reject::NoModel | Reject::UnknownModel(_) => 404,
+            Reject::TenantLimit { .. } => 429,
             _ => 503,
         }
     }
@@ -69,7 +80,8 @@ impl Reject {
             Reject::NoModel | Reject::UnknownModel(_) => None,
             Reject::NoReadyReplica { stage, .. }
             | Reject::ResidencyUnsatisfiable { stage, .. }
-            | Reject::PolicyRefused { stage } => Some(stage),
+            | Reject::PolicyRefused { stage }
+            | Reject::TenantLimit { stage, .. } => Some(stage),
         }
     }
 
@@ -80,6 +92,26 @@ impl Reject {
             Reject::NoReadyReplica { .. } => "no_ready_replica",
             Reject::ResidencyUnsatisfiable { .. } => "residency_unsatisfiable",
             Reject::PolicyRefused { .. } => "no_acceptable_fleet",
+            Reject::TenantLimit { code, .. } => code,
+        }
+    }
+
+    /// The error's `type`: the router could not route it, or the tenant is
+    /// over a limit (`insufficient_quota` for its budget, as OpenAI's API
+    /// names a spent quota).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Reject::TenantLimit { code: "budget", .. } => "insufficient_quota",
+            Reject::TenantLimit { .. } => "rate_limit_exceeded",
+            _ => "routing_error",
+        }
+    }
+
+    /// When to retry, for the `retry-after` header.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            Reject::TenantLimit { retry_after_s, .. } => Some(*retry_after_s),
+            _ => None,
         }
     }
 
@@ -103,6 +135,14 @@ impl Reject {
                 format!(
                     "stage '{stage}' has ready replicas but its routing policy accepts none of them"
                 )
+            }
+            Reject::TenantLimit {
+                tenant,
+                limit,
+                retry_after_s,
+                ..
+            } => {
+                format!("tenant '{tenant}' has reached its {limit}; retry after {retry_after_s} s")
             }
         }
     }

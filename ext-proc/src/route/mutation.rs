@@ -114,16 +114,21 @@ pub fn route(topo: &Topology, d: &Decision, nonce: u64, instance: &str) -> Proce
 
 /// The reply that ends the request with a JSON error.
 pub fn reject(r: &Reject) -> ProcessingResponse {
+    // OpenAI's error shape: clients and SDKs read `error.code` and the status.
     let body = serde_json::json!({
-        "error": { "message": r.message(), "type": "routing_error", "code": r.code() }
+        "error": { "message": r.message(), "type": r.kind(), "param": null, "code": r.code() }
     });
+    let mut set_headers = vec![header("content-type", "application/json".into())];
+    if let Some(s) = r.retry_after_s() {
+        set_headers.push(header("retry-after", s.to_string()));
+    }
     ProcessingResponse {
         response: Some(Response::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {
                 code: i32::from(r.status()),
             }),
             headers: Some(HeaderMutation {
-                set_headers: vec![header("content-type", "application/json".into())],
+                set_headers,
                 remove_headers: Vec::new(),
             }),
             body: body.to_string().into_bytes(),

@@ -1,12 +1,16 @@
-//! A decision put into effect: decide, start the chosen replica's load
-//! accounting, and tell the writer (prefix index, metrics, debug log). The
-//! ext_proc stream and the trace replay both route through here.
+//! A decision put into effect: decide, admit the tenant on the chosen
+//! fleet, start the chosen replica's load accounting, and tell the writer
+//! (prefix index, metrics, debug log). The ext_proc stream and the trace
+//! replay both route through here.
 
 use std::sync::Arc;
 
 use super::key::RouteKey;
-use super::{Decision, Reject, decide};
+use super::{Decision, Reject, admit, decide};
 use crate::state::{Decided, Event, Routed, Shared, Snapshot};
+use crate::tenancy::audit::AuditRecord;
+use crate::tenancy::charge::Charge;
+use crate::tenancy::clock::{self, Clock};
 use crate::topology::load::RequestGuard;
 
 pub struct Placed {
@@ -17,6 +21,8 @@ pub struct Placed {
     pub nonce: u64,
     /// The request's share of the replica's load, until released.
     pub guard: RequestGuard,
+    /// The tenant's reservation, to ride with the load's lease.
+    pub charge: Charge,
 }
 
 impl Placed {
@@ -31,17 +37,26 @@ impl Placed {
     }
 }
 
-pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Reject> {
+/// Waits only when the tenant's shared allowance must be refilled from
+/// Redis (one round trip, bounded by `tenants_redis.timeout_ms`).
+pub async fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Reject> {
     let snapshot = shared.snapshot_full();
-    let decision = match decide(&snapshot, &key, rng) {
-        Ok(d) => d,
-        Err(reject) => {
+    let decided = decide(&snapshot, &key, rng);
+    let admitted = match &decided {
+        Ok(d) => admit::admit(shared, &snapshot, d, &key).await,
+        Err(reject) => Err(reject.clone()),
+    };
+    let (decision, charge) = match (decided, admitted) {
+        (Ok(d), Ok(c)) => (d, c),
+        (decided, Err(reject)) => {
             shared.emit(Event::Rejected {
                 stage: reject.stage().unwrap_or_default().to_string(),
                 reason: reject.code(),
             });
+            refused(shared, &snapshot, decided.ok().as_ref(), &key, &reject);
             return Err(reject);
         }
+        (Err(reject), Ok(_)) => unreachable!("admitted without a decision: {reject:?}"),
     };
     let topo = &snapshot.topo;
     let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
@@ -67,5 +82,56 @@ pub fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Rej
         decision,
         nonce,
         guard,
+        charge,
     })
+}
+
+/// The audit record of a request fleetroute answered itself.
+fn refused(
+    shared: &Shared,
+    snap: &Snapshot,
+    d: Option<&Decision>,
+    key: &RouteKey<'_>,
+    reject: &Reject,
+) {
+    if !shared.tenants.auditing() {
+        return;
+    }
+    let topo = &snap.topo;
+    let tenant = shared.tenants.ledger().tenant(key.tenant).id.to_string();
+    let (admission, fleet, replica, policy, reason) = match d {
+        // Past the decision: the tenant's limit refused it.
+        Some(d) => {
+            let f = &topo.fleets[d.fleet];
+            (
+                reject.code().to_string(),
+                f.name.clone(),
+                f.replicas[*d.replicas.head()].addr.clone(),
+                topo.stages[d.stage].routing.policy().name().to_string(),
+                admit::reason(snap, d).to_string(),
+            )
+        }
+        None => (
+            "not_routed".to_string(),
+            String::new(),
+            String::new(),
+            String::new(),
+            reject.code().to_string(),
+        ),
+    };
+    shared.tenants.audit(AuditRecord {
+        time: clock::rfc3339_ms(Clock::real().now_ms()),
+        request_id: key.request_id.to_string(),
+        tenant,
+        model_requested: key.model.unwrap_or("").to_string(),
+        model_served: String::new(),
+        stage: reject.stage().unwrap_or("").to_string(),
+        fleet,
+        replica,
+        policy,
+        reason,
+        admission,
+        status: reject.status(),
+        ..Default::default()
+    });
 }

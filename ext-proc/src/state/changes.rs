@@ -1,5 +1,6 @@
 //! Changes made while running: a reloaded config file, and the admin API's
-//! edits (a fleet's weight, host bounds, experiments, draining a replica).
+//! edits (a fleet's weight, host bounds, experiments, draining a replica, a
+//! tenant's limits).
 //! Each config edit is applied to a copy of the running config and validated
 //! as a whole, with the same field-path errors as the file, before it is
 //! swapped in; a refused change leaves everything as it was.
@@ -7,7 +8,9 @@
 use std::time::Instant;
 
 use super::writer::Writer;
-use crate::config::{Bounds, ExperimentConfig, RouterConfig, RoutingConfig, ValidConfig};
+use crate::config::{
+    Bounds, ExperimentConfig, RouterConfig, RoutingConfig, TenantPatch, ValidConfig,
+};
 use crate::metrics::ResultLabel;
 
 #[derive(Debug)]
@@ -32,6 +35,13 @@ pub enum Change {
     Experiment {
         stage: String,
         experiment: ExperimentConfig,
+    },
+    /// Change one tenant's limits (its named entry, made from `default` if
+    /// it has none), or remove its named entry (back to `default`).
+    Tenant {
+        name: String,
+        patch: TenantPatch,
+        remove: bool,
     },
 }
 
@@ -161,6 +171,32 @@ impl Writer {
                     show(&old),
                     show(&experiment)
                 ))
+            }
+            Change::Tenant {
+                name,
+                patch,
+                remove,
+            } => {
+                let mut cfg = (*self.config).clone();
+                let named = &mut cfg.tenants.named;
+                let old = named.get(&name).cloned();
+                let was = old.as_ref().unwrap_or(&cfg.tenants.default).to_string();
+                let after = if remove {
+                    if named.remove(&name).is_none() {
+                        return Err(ChangeError::Unknown(format!(
+                            "tenant '{name}' has no entry in tenants.named"
+                        )));
+                    }
+                    format!("default limits ({})", cfg.tenants.default)
+                } else {
+                    let mut l = old.unwrap_or_else(|| cfg.tenants.default.clone());
+                    patch.apply(&mut l);
+                    let text = l.to_string();
+                    named.insert(name.clone(), l);
+                    text
+                };
+                self.commit(cfg, now)?;
+                Ok(format!("tenant '{name}': {was} -> {after}"))
             }
             Change::Drain { replica, drain } => {
                 let mut found = Vec::new();

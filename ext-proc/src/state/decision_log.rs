@@ -15,14 +15,19 @@ pub const MAX_REQUEST_ID: usize = 128;
 
 /// `id` cut to at most [`MAX_REQUEST_ID`] bytes, on a character boundary.
 pub fn truncate_id(id: &str) -> &str {
-    if id.len() <= MAX_REQUEST_ID {
-        return id;
+    truncate_to(id, MAX_REQUEST_ID)
+}
+
+/// `s` cut to at most `max` bytes, on a character boundary.
+pub fn truncate_to(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
     }
-    let mut end = MAX_REQUEST_ID;
-    while !id.is_char_boundary(end) {
+    let mut end = max;
+    while !s.is_char_boundary(end) {
         end -= 1;
     }
-    &id[..end]
+    &s[..end]
 }
 
 /// Most decisions kept.

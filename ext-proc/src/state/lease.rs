@@ -6,8 +6,13 @@
 //! config), and earlier when the engine reports fewer requests than the
 //! router holds (`reconcile`). Prefill is a shorter sub-lease: the log only
 //! arrives at the end, so the prefill share ends at its own estimate.
+//!
+//! A lease also carries the request's tenant `Charge`: the access log entry
+//! that ends the lease commits it with the real usage; a lease that ends any
+//! other way expires it (its estimate is charged) and keeps it a while by
+//! nonce, so an entry that still arrives corrects the charge (`late_charge`).
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use moka::Expiry;
@@ -19,10 +24,14 @@ use prometheus_client::metrics::family::Family;
 use super::Decided;
 use crate::config::LeaseConfig;
 use crate::metrics::ResultLabel;
+use crate::tenancy::charge::Charge;
 use crate::topology::load::{ReplicaLoad, RequestGuard};
 
 /// Most leases held at once; beyond it the oldest are released early.
 const MAX_LEASES: u64 = 1 << 20;
+/// Expired charges kept for an access log entry that comes late, and how long.
+const MAX_LATE: u64 = 1 << 16;
+const LATE_FOR: Duration = Duration::from_secs(600);
 /// Shortest prefill sub-lease.
 const MIN_PREFILL: Duration = Duration::from_millis(50);
 /// ms of time to first token per 1000 tokens assumed before a fleet is measured.
@@ -36,6 +45,27 @@ pub struct Lease {
     pub started: Instant,
     bound: Duration,
     prefill_bound: Duration,
+    /// The tenant's reservation, until the lease ends (taken once).
+    charge: Mutex<Option<Charge>>,
+}
+
+impl Lease {
+    /// The request's charge, to commit (once; `None` after).
+    pub fn take_charge(&self) -> Option<Charge> {
+        self.charge.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+/// An expired charge waiting for a late entry.
+type Late = Arc<Mutex<Option<Charge>>>;
+
+/// A lease that ends without its entry: the charge expires (in-flight
+/// capacity back, estimate charged) and waits for a late entry.
+fn expire_charge(late: &Cache<u64, Late>, nonce: u64, l: &Lease) {
+    if let Some(c) = l.take_charge() {
+        c.expire();
+        late.insert(nonce, Arc::new(Mutex::new(Some(c))));
+    }
 }
 
 /// What a lease's bound is computed from.
@@ -91,16 +121,22 @@ impl Expiry<u64, Arc<Lease>> for PrefillBound {
 pub struct Leases {
     whole: Cache<u64, Arc<Lease>>,
     prefill: Cache<u64, Arc<Lease>>,
+    late: Cache<u64, Late>,
     released: Family<ResultLabel, Counter>,
 }
 
 impl Leases {
     pub fn new(released: Family<ResultLabel, Counter>) -> Self {
         let counted = released.clone();
+        let late: Cache<u64, Late> = Cache::builder()
+            .max_capacity(MAX_LATE)
+            .time_to_live(LATE_FOR)
+            .build();
+        let expired = late.clone();
         let whole = Cache::builder()
             .max_capacity(MAX_LEASES)
             .expire_after(WholeBound)
-            .eviction_listener(move |_, l: Arc<Lease>, cause| {
+            .eviction_listener(move |nonce: Arc<u64>, l: Arc<Lease>, cause| {
                 let why = match cause {
                     RemovalCause::Expired => "expired",
                     RemovalCause::Size => "evicted",
@@ -108,6 +144,7 @@ impl Leases {
                     _ => return,
                 };
                 l.guard.release();
+                expire_charge(&expired, *nonce, &l);
                 counted
                     .get_or_create(&ResultLabel { result: why.into() })
                     .inc();
@@ -124,6 +161,7 @@ impl Leases {
         Leases {
             whole,
             prefill,
+            late,
             released,
         }
     }
@@ -135,6 +173,7 @@ impl Leases {
         decided: Decided,
         cfg: &LeaseConfig,
         input: &LeaseInput,
+        charge: Option<Charge>,
     ) {
         let (bound, prefill_bound) = bounds(cfg, input);
         let lease = Arc::new(Lease {
@@ -143,6 +182,7 @@ impl Leases {
             started: Instant::now(),
             bound,
             prefill_bound,
+            charge: Mutex::new(charge),
         });
         self.prefill.insert(nonce, lease.clone());
         self.whole.insert(nonce, lease);
@@ -158,6 +198,19 @@ impl Leases {
         Some(lease)
     }
 
+    /// The charge of a lease that ended before its entry arrived (expired,
+    /// reconciled or evicted), to commit now: the commit corrects the
+    /// estimate charged at expiry. Once per nonce.
+    pub fn late_charge(&self, nonce: u64) -> Option<Charge> {
+        if !self.late.contains_key(&nonce) {
+            // The lease may have just expired without its listener having run.
+            self.whole.run_pending_tasks();
+        }
+        let late = self.late.remove(&nonce)?;
+        let mut slot = late.lock().unwrap_or_else(|e| e.into_inner());
+        slot.take()
+    }
+
     fn count(&self, result: &str) {
         self.released
             .get_or_create(&ResultLabel {
@@ -170,6 +223,7 @@ impl Leases {
     pub fn run_pending(&self) {
         self.whole.run_pending_tasks();
         self.prefill.run_pending_tasks();
+        self.late.run_pending_tasks();
     }
 
     pub fn held(&self) -> u64 {
@@ -200,6 +254,7 @@ impl Leases {
             self.prefill.invalidate(&nonce);
             if let Some(l) = self.whole.remove(&nonce) {
                 l.guard.release();
+                expire_charge(&self.late, nonce, &l);
                 self.count("reconciled");
                 released += 1;
             }
@@ -267,8 +322,22 @@ mod tests {
             max_ms: 30,
             ..cfg()
         };
-        leases.hold(1, load.start(500), DECIDED, &c, &LeaseInput::default());
-        leases.hold(2, load.start(500), DECIDED, &c, &LeaseInput::default());
+        leases.hold(
+            1,
+            load.start(500),
+            DECIDED,
+            &c,
+            &LeaseInput::default(),
+            None,
+        );
+        leases.hold(
+            2,
+            load.start(500),
+            DECIDED,
+            &c,
+            &LeaseInput::default(),
+            None,
+        );
         assert_eq!((load.inflight(), load.pending_prefill()), (2, 1000));
         assert!(leases.end(1).is_some());
         assert!(leases.end(1).is_none(), "ends once");
@@ -293,9 +362,9 @@ mod tests {
         let leases = Leases::new(Family::default());
         let c = cfg();
         for n in 0..3 {
-            leases.hold(n, load.start(0), DECIDED, &c, &LeaseInput::default());
+            leases.hold(n, load.start(0), DECIDED, &c, &LeaseInput::default(), None);
         }
-        leases.hold(9, other.start(0), DECIDED, &c, &LeaseInput::default());
+        leases.hold(9, other.start(0), DECIDED, &c, &LeaseInput::default(), None);
         assert_eq!(
             leases.reconcile(&load, 1, Duration::from_secs(60)),
             0,

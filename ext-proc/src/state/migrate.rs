@@ -72,6 +72,13 @@ impl Writer {
             std::mem::take(&mut replicas[f.index()])
         });
         self.fleets = fleets;
+        // New tenant limits from now on; counters and reservations stay.
+        self.shared.tenants.reconfigure(&cfg.tenants);
+        if cfg.tenants_redis != self.config.tenants_redis || cfg.audit != self.config.audit {
+            tracing::warn!(
+                "tenants_redis and audit changed in the config: they apply at the next start"
+            );
+        }
         self.config = Arc::new(cfg.into_inner());
         let pairs: HashSet<(String, String)> = topo
             .stages

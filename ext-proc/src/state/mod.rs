@@ -19,12 +19,17 @@
 //!   (lock-free maps): only the writer changes them; the decision reads them.
 //! - The snapshot pointer (`ArcSwap`): only the writer stores it.
 //! - The decision log (a mutex): only the writer appends; the admin API reads.
-//! - `metrics::Metrics` (counters): each task counts its own events.
+//! - `metrics::Metrics` (counters): each task counts its own events; the
+//!   per-tenant series are brought up to date by the `/metrics` handler
+//!   (`tenant_metrics`, under a mutex only that handler takes).
 //! - The replica view notification (a `watch`): only the writer bumps it,
 //!   when a snapshot it publishes has a new topology or a replica whose
 //!   state flipped; the EDS server waits on it.
 //! - The peer outbox (a bounded channel, see `peer`): only the writer sends
 //!   its own prefix changes; the peer link takes them to other instances.
+//! - `tenancy::accountant::Accountant` (lock-free per-tenant counters): the
+//!   request path reserves, the observer commits, leases expire; its limits
+//!   are swapped in by the writer when the config changes.
 //!
 //!
 //! Nothing else is shared: every other change goes to the writer as an
@@ -50,6 +55,7 @@ pub mod saturation;
 pub mod scrape;
 mod snapshot;
 pub mod sources;
+pub mod tenant_metrics;
 pub mod usage;
 pub mod warmup;
 mod writer;
@@ -64,6 +70,8 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::tenancy::accountant::Accountant;
+use crate::tenancy::charge::Charge;
 use crate::topology::load::RequestGuard;
 pub use changes::{Change, ChangeError};
 use decision_log::DecisionLog;
@@ -94,6 +102,16 @@ pub struct Snapshot {
     pub config: Arc<RouterConfig>,
     /// Conversations replicas failed (read lock-free; the writer's map).
     pub failed_keys: Arc<failed_keys::FailedKeys>,
+}
+
+impl Snapshot {
+    /// The limits and priority class that apply to `tenant` now (its named
+    /// entry in `tenants:`, else `default`; also for requests with no
+    /// tenant), as the config in effect says: hot reloads and admin changes
+    /// included.
+    pub fn tenant(&self, tenant: &str) -> &crate::config::TenantLimits {
+        self.config.tenants.limits_for(tenant)
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -240,6 +258,12 @@ pub struct Shared {
     replica_view: watch::Sender<u64>,
     /// This instance's name, in its decisions' tags and on the peer link.
     pub instance: String,
+    /// Tenant limits and budgets (lock-free counters; limits follow the
+    /// config) and the audit log.
+    pub tenants: Accountant,
+    /// What the per-tenant metric series last exported (the `/metrics`
+    /// handler's own, see `tenant_metrics`).
+    tenant_series: Mutex<tenant_metrics::TenantSeries>,
 }
 
 impl std::fmt::Debug for Shared {
@@ -291,11 +315,19 @@ impl Shared {
         self.events.clone()
     }
 
-    /// Holds a decision's load under a lease (see `lease`).
-    pub fn hold_load(&self, nonce: u64, guard: RequestGuard, decided: Decided, input: &LeaseInput) {
+    /// Holds a decision's load, and its tenant's charge, under a lease (see
+    /// `lease`).
+    pub fn hold_load(
+        &self,
+        nonce: u64,
+        guard: RequestGuard,
+        decided: Decided,
+        input: &LeaseInput,
+        charge: Option<Charge>,
+    ) {
         let snap = self.snapshot.load();
         self.leases
-            .hold(nonce, guard, decided, &snap.config.leases, input);
+            .hold(nonce, guard, decided, &snap.config.leases, input, charge);
     }
 
     pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {

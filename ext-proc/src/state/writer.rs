@@ -25,6 +25,7 @@ use super::peer::{OUTBOX, PeerChange, PeerUpdate};
 use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
 use crate::config::{RouterConfig, Source, ValidConfig};
 use crate::metrics::Metrics;
+use crate::tenancy::accountant::Accountant;
 use crate::topology::{ById, FleetId, ReplicaId, Slots, Topology};
 
 /// Owns all the writer's models; the only publisher of snapshots.
@@ -103,6 +104,8 @@ impl Writer {
             metrics,
             replica_view: tokio::sync::watch::Sender::new(0),
             instance,
+            tenants: Accountant::new(&cfg.tenants, cfg.tenants_redis.as_ref()),
+            tenant_series: Mutex::default(),
         });
         let writer = Writer {
             shared: shared.clone(),

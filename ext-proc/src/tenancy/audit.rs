@@ -71,61 +71,7 @@ impl AuditRecord {
     }
 }
 
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AuditConfig {
-    /// File to write; rotated at `max_bytes`. Unset: no file.
-    #[serde(default)]
-    pub path: Option<PathBuf>,
-    #[serde(default)]
-    pub stdout: bool,
-    #[serde(default = "default_max_bytes")]
-    pub max_bytes: u64,
-    /// Files kept, the live one included.
-    #[serde(default = "default_max_files")]
-    pub max_files: u32,
-    /// Records buffered between the request path and the writer.
-    #[serde(default = "default_buffer")]
-    pub buffer: usize,
-}
-
-fn default_max_bytes() -> u64 {
-    100 << 20
-}
-fn default_max_files() -> u32 {
-    5
-}
-fn default_buffer() -> usize {
-    8192
-}
-
-impl Default for AuditConfig {
-    fn default() -> Self {
-        AuditConfig {
-            path: None,
-            stdout: false,
-            max_bytes: default_max_bytes(),
-            max_files: default_max_files(),
-            buffer: default_buffer(),
-        }
-    }
-}
-
-impl AuditConfig {
-    pub fn validate(&self) -> Result<(), Vec<String>> {
-        let mut e = Vec::new();
-        if self.max_bytes < 4096 {
-            e.push("audit.max_bytes: must be at least 4096".into());
-        }
-        if !(1..=100).contains(&self.max_files) {
-            e.push("audit.max_files: must be 1 to 100".into());
-        }
-        if !(1..=1 << 20).contains(&self.buffer) {
-            e.push("audit.buffer: must be 1 to 1048576".into());
-        }
-        if e.is_empty() { Ok(()) } else { Err(e) }
-    }
-}
+pub use crate::config::AuditConfig;
 
 /// What happened to records, for metrics.
 #[derive(Debug, Default)]

@@ -66,6 +66,20 @@ impl Clock {
     }
 }
 
+/// `ms` since the Unix epoch as RFC 3339 UTC with milliseconds, e.g.
+/// `2026-12-01T05:00:00.000Z` (the audit log's `time`).
+pub fn rfc3339_ms(ms: u64) -> String {
+    let (y, mo, d) = civil_from_days((ms / DAY_MS) as i64);
+    let in_day = ms % DAY_MS;
+    let (h, mi, s, milli) = (
+        in_day / 3_600_000,
+        in_day / 60_000 % 60,
+        in_day / 1000 % 60,
+        in_day % 1000,
+    );
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+}
+
 /// (year, month 1–12, day 1–31) of a day count since 1970-01-01 (H. Hinnant's algorithm).
 fn civil_from_days(z: i64) -> (i64, u32, u32) {
     let z = z + 719_468;
@@ -92,6 +106,13 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rfc3339_with_milliseconds() {
+        assert_eq!(rfc3339_ms(0), "1970-01-01T00:00:00.000Z");
+        let ms = days_from_civil(2026, 12, 1) as u64 * DAY_MS + 5 * 3_600_000 + 7_089;
+        assert_eq!(rfc3339_ms(ms), "2026-12-01T05:00:07.089Z");
+    }
 
     #[test]
     fn calendar_round_trip_and_month_rollover() {

@@ -1,14 +1,18 @@
 //! Tenants: limits and budgets charged from real usage, counters shared
 //! between instances through Redis, and the audit log.
 //!
-//! Wiring: `Ledger::admit` (or `Shared::admit`) when a request is admitted,
-//! `Ledger::commit` with its real usage when it ends, `AuditLog::record`
-//! once per request.
+//! Wiring: the router's `Accountant` admits a request once its fleet is
+//! chosen (`Ledger::admit`, or `Shared::admit` with Redis) and its `Charge`
+//! rides with the decision's load lease until the access log entry commits
+//! the real usage; `AuditLog::record` once per request.
 
+pub mod accountant;
 pub mod audit;
+pub mod charge;
 pub mod clock;
 pub mod config;
 pub mod ledger;
+pub mod price;
 pub mod shared;
 pub mod window;
 

@@ -26,9 +26,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use redis::Script;
 use redis::aio::MultiplexedConnection;
-use redis::{Client, Script};
-use serde::Deserialize;
 use tokio::sync::Notify;
 
 use super::clock::Clock;
@@ -53,53 +52,8 @@ redis.call('PEXPIRE', KEYS[1], 120000)
 return v
 ";
 
-#[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct SharedConfig {
-    /// `redis://127.0.0.1:6379/`
-    pub url: String,
-    /// Instances sharing the counters: the fallback share is limit ÷ this.
-    pub instances: u64,
-    /// Key prefix.
-    #[serde(default = "default_prefix")]
-    pub prefix: String,
-    /// Share of a tenant's per-minute limit claimed per round trip (also
-    /// never less than the request at hand).
-    #[serde(default = "default_slice")]
-    pub slice_fraction: f64,
-    /// Bound on one Redis round trip before the instance falls back.
-    #[serde(default = "default_timeout_ms")]
-    pub timeout_ms: u64,
-}
-
-fn default_prefix() -> String {
-    "fleetroute".into()
-}
-fn default_slice() -> f64 {
-    0.05
-}
-fn default_timeout_ms() -> u64 {
-    100
-}
-
-impl SharedConfig {
-    pub fn validate(&self) -> Result<(), Vec<String>> {
-        let mut e = Vec::new();
-        if self.instances == 0 {
-            e.push("tenants_redis.instances: must be at least 1".into());
-        }
-        if !(self.slice_fraction > 0.0 && self.slice_fraction <= 1.0) {
-            e.push("tenants_redis.slice_fraction: must be in (0, 1]".into());
-        }
-        if !(1..=10_000).contains(&self.timeout_ms) {
-            e.push("tenants_redis.timeout_ms: must be 1 to 10000".into());
-        }
-        if let Err(err) = Client::open(self.url.as_str()) {
-            e.push(format!("tenants_redis.url: {err}"));
-        }
-        if e.is_empty() { Ok(()) } else { Err(e) }
-    }
-}
+/// `tenants_redis:` in the router config.
+pub use crate::config::TenantsRedisConfig as SharedConfig;
 
 /// Counters and the degraded flag, read by the ledger on the hot path.
 #[derive(Debug)]
@@ -255,7 +209,7 @@ impl Shared {
     }
 
     fn slice(&self, t: &TenantState) -> u64 {
-        let limit = t.limits.tokens_per_minute.unwrap_or(0);
+        let limit = t.limits().tokens_per_minute.unwrap_or(0);
         ((limit as f64 * self.cfg.slice_fraction) as u64).max(1)
     }
 
@@ -321,7 +275,7 @@ impl Shared {
     /// Claims a slice (at least `need`) of the tenant's minute from Redis:
     /// one round trip. False when Redis did not answer.
     pub async fn refill(&self, t: &TenantState, need: u64) -> bool {
-        let (Some(a), Some(limit)) = (&t.allowance, t.limits.tokens_per_minute) else {
+        let (Some(a), Some(limit)) = (&t.allowance, t.limits().tokens_per_minute) else {
             return true;
         };
         let m = self.ledger.clock().minute();

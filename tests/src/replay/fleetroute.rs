@@ -127,7 +127,9 @@ impl Fleetroute {
             prompt_tokens: req.input_tokens as u32,
             ..Default::default()
         };
-        let placed = place(&self.shared, key, self.rng).expect("a ready replica");
+        // No tenant limits here: placing never waits (no Redis round trip).
+        let placed = futures::executor::block_on(place(&self.shared, key, self.rng))
+            .expect("a ready replica");
         let decided = placed.decided();
         let prefill_ms_per_k = placed.snapshot.fleets[0].figures.latency;
         let (d, guard) = (placed.decision, placed.guard);

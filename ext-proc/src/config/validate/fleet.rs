@@ -24,6 +24,9 @@ fn cost(c: &CostConfig, p: &str, e: &mut Errors) {
     if let Some(v) = c.usd_per_million_tokens {
         e.non_negative(format!("{p}.usd_per_million_tokens"), v);
     }
+    if let Some(v) = c.cached_usd_per_million_tokens {
+        e.non_negative(format!("{p}.cached_usd_per_million_tokens"), v);
+    }
     if let Some(n) = c.gpus_per_replica {
         e.at_least(format!("{p}.gpus_per_replica"), n, 1);
     }

@@ -7,6 +7,7 @@ mod experiment;
 mod fleet;
 mod source;
 mod stage;
+mod tenants;
 #[cfg(test)]
 mod tests;
 
@@ -15,7 +16,8 @@ use std::fmt::Display;
 use std::ops::RangeInclusive;
 
 use super::{
-    ConfigError, EngineMetricsConfig, HealthCheckConfig, LeaseConfig, PeersConfig, RouterConfig,
+    AuditConfig, ConfigError, EngineMetricsConfig, HealthCheckConfig, LeaseConfig, PeersConfig,
+    RouterConfig, TenantsConfig, TenantsRedisConfig,
 };
 
 /// Replicas per fleet; the prefix index keeps one bit per replica.
@@ -134,7 +136,37 @@ pub(super) fn errors(cfg: &RouterConfig) -> Vec<ConfigError> {
     }
     stage::stages(cfg, &regions, &mut e);
     envoy::envoy(&cfg.envoy, &mut e);
+    tenants::tenants(&cfg.tenants, &mut e);
+    if let Some(r) = &cfg.tenants_redis {
+        tenants::redis(r, &mut e);
+    }
+    tenants::audit(&cfg.audit, &mut e);
     e.0
+}
+
+/// The `tenants:` section's errors on their own (the section's checks are
+/// also usable without a whole router config).
+pub(super) fn tenants_errors(t: &TenantsConfig) -> Vec<ConfigError> {
+    let mut e = Errors(Vec::new());
+    tenants::tenants(t, &mut e);
+    e.0
+}
+
+pub(super) fn redis_errors(r: &TenantsRedisConfig) -> Vec<ConfigError> {
+    let mut e = Errors(Vec::new());
+    tenants::redis(r, &mut e);
+    e.0
+}
+
+pub(super) fn audit_errors(a: &AuditConfig) -> Vec<ConfigError> {
+    let mut e = Errors(Vec::new());
+    tenants::audit(a, &mut e);
+    e.0
+}
+
+/// Whether `id` is a tenant id a named entry or the admin API may use.
+pub fn check_tenant_id(id: &str) -> Result<(), String> {
+    tenants::tenant_id(id)
 }
 
 fn health_check(hc: &HealthCheckConfig, e: &mut Errors) {

@@ -219,3 +219,79 @@ fn envoy_bounds_are_checked_with_their_paths() {
     ));
     assert!(unknown[0].contains("upload_ms"), "{unknown:?}");
 }
+
+#[test]
+fn tenant_sections_are_checked_with_their_paths() {
+    for (section, says) in [
+        (
+            "tenants: { named: { acme: { budget: { usd: -1, per: month } } } }",
+            "tenants.named.acme.budget.usd: must be a finite number from 0 to",
+        ),
+        (
+            "tenants: { default: { tokens_per_minute: 0 } }",
+            "tenants.default.tokens_per_minute: must be at least 1",
+        ),
+        (
+            "tenants: { named: { other: {} } }",
+            "tenants.named.other: `other` is reserved",
+        ),
+        (
+            "tenants: { metrics: { pinned: [\"a b\"] } }",
+            "tenants.metrics.pinned[0]: tenant id must be printable ASCII",
+        ),
+        (
+            "tenants: { metrics: { top: 5000 } }",
+            "tenants.metrics: top (5000) plus pinned (0) is more than",
+        ),
+        (
+            "tenants_redis: { url: \"redis://127.0.0.1:6379/\", instances: 0 }",
+            "tenants_redis.instances: must be at least 1",
+        ),
+        (
+            "tenants_redis: { url: \"nope://x\", instances: 2 }",
+            "tenants_redis.url: ",
+        ),
+        (
+            "tenants_redis: { url: \"redis://127.0.0.1:6379/\", instances: 2, slice_fraction: 0 }",
+            "tenants_redis.slice_fraction: must be more than 0",
+        ),
+        (
+            "audit: { max_bytes: 10 }",
+            "audit.max_bytes: must be at least 4096",
+        ),
+        (
+            "audit: { max_files: 0 }",
+            "audit.max_files: 0 must be between 1 and 100",
+        ),
+        (
+            "tenants: { default: { tokens_per_min: 5 } }",
+            "tenants.default: unknown field `tokens_per_min`",
+        ),
+    ] {
+        let errs = errors(&format!("{section}\n{GOOD}"));
+        assert!(errs.iter().any(|e| e.contains(says)), "{section}: {errs:?}");
+    }
+    let priced = GOOD.replace(
+        "cost: { gpu_hour_usd: 4.2, gpus_per_replica: 8 }",
+        "cost: { gpu_hour_usd: 4.2, gpus_per_replica: 8, cached_usd_per_million_tokens: -0.1 }",
+    );
+    assert_eq!(
+        errors(&priced),
+        vec!["fleets[1].cost.cached_usd_per_million_tokens: must be a finite number >= 0"]
+    );
+    let ok = format!(
+        "tenants:\n  default: {{ tokens_per_minute: 1000 }}\n  named:\n    acme: {{ budget: {{ usd: 5, per: day }}, priority: critical }}\n\
+         tenants_redis: {{ url: \"redis://127.0.0.1:6379/\", instances: 3 }}\n\
+         audit: {{ path: /tmp/audit.log }}\n{GOOD}"
+    );
+    let cfg = RouterConfig::parse(&ok).expect("valid");
+    assert_eq!(
+        cfg.tenants.limits_for("acme").budget.map(|b| b.usd),
+        Some(5.0)
+    );
+    assert_eq!(
+        cfg.tenants.limits_for("anyone").tokens_per_minute,
+        Some(1000)
+    );
+    assert_eq!(cfg.tenants_redis.map(|r| r.timeout_ms), Some(100));
+}

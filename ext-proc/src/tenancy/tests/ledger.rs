@@ -14,8 +14,8 @@ fn est(prompt: u64, max: u64) -> Estimate {
     Estimate {
         prompt_tokens: prompt,
         max_tokens: max,
-        usd_per_token: PRICE,
-        ttl: Duration::from_secs(600),
+        cost_usd: (prompt + max) as f64 * PRICE,
+        ttl: Some(Duration::from_secs(600)),
     }
 }
 
@@ -23,7 +23,7 @@ fn ledger(default: TenantLimits) -> (Ledger, std::sync::Arc<std::sync::atomic::A
     let (clock, h) = Clock::manual(T0);
     let cfg = TenantsConfig {
         default,
-        named: Default::default(),
+        ..Default::default()
     };
     (Ledger::new(cfg, clock), h)
 }
@@ -146,6 +146,7 @@ fn tenants_beyond_the_bound_share_other() {
     assert_eq!(&*l.tenant("b").id, "b");
     assert_eq!(&*l.tenant("c").id, OTHER);
     assert_eq!(&*l.tenant(&"x".repeat(200)).id, OTHER);
+    assert!(std::sync::Arc::ptr_eq(&l.tenant(OTHER), &l.other()));
     assert_eq!(l.tenants().len(), 2);
 }
 
@@ -157,7 +158,7 @@ fn a_lost_end_frees_capacity_when_the_lease_expires() {
         ..Default::default()
     });
     let mut e = est(100, 100);
-    e.ttl = Duration::from_millis(50);
+    e.ttl = Some(Duration::from_millis(50));
     let r = l.admit("t", &e).unwrap();
     let t = l.tenant("t");
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -285,13 +286,110 @@ proptest! {
             let t = l.tenant(n);
             prop_assert_eq!(t.requests.load(Relaxed), 0);
             prop_assert_eq!(t.tokens.load(Relaxed), 0);
+            // Every reservation ended exactly one way.
+            prop_assert_eq!(
+                t.admitted.load(Relaxed),
+                t.committed.load(Relaxed) + t.expired.load(Relaxed) + t.dropped.load(Relaxed)
+            );
             prop_assert_eq!(t.reserved_micro_usd.load(Relaxed), 0);
             let wt = want_tokens.get(&i).copied().unwrap_or(0);
             let wm = want_micro.get(&i).copied().unwrap_or(0);
             prop_assert_eq!(t.charged_tokens.load(Relaxed), wt);
             prop_assert_eq!(t.minute_used(T0), wt);
             prop_assert_eq!(t.charged_micro_usd.load(Relaxed), wm);
-            prop_assert_eq!(t.spend.get(l.clock().period(BudgetPeriod::Day)), wm);
+            prop_assert_eq!(t.spent_micro_usd(l.clock(), BudgetPeriod::Day), wm);
+            prop_assert_eq!(t.spent_micro_usd(l.clock(), BudgetPeriod::Month), wm);
         }
     }
+}
+
+#[test]
+fn a_reconfigure_changes_limits_and_keeps_counters_and_reservations() {
+    let (l, _) = ledger(TenantLimits {
+        tokens_per_minute: Some(1000),
+        ..Default::default()
+    });
+    use std::sync::atomic::Ordering::Relaxed;
+    let held = l.admit("t", &est(300, 300)).unwrap();
+    assert_eq!(
+        l.admit("t", &est(300, 300)).unwrap_err().limit,
+        Limit::TokensPerMinute
+    );
+    // A named entry for "t", from now on: in flight at most 1, no per-minute limit.
+    let mut cfg = TenantsConfig::default();
+    cfg.named.insert(
+        "t".into(),
+        TenantLimits {
+            max_requests_in_flight: Some(1),
+            ..Default::default()
+        },
+    );
+    cfg.named.insert("new".into(), TenantLimits::default());
+    l.reconfigure(&cfg);
+    let t = l.tenant("t");
+    assert_eq!(t.limits().max_requests_in_flight, Some(1));
+    assert_eq!(t.requests.load(Relaxed), 1, "the held reservation stays");
+    assert_eq!(
+        l.admit("t", &est(1, 1)).unwrap_err().limit,
+        Limit::MaxRequestsInFlight
+    );
+    assert!(l.find("new").is_some(), "a newly named tenant is tracked");
+    l.commit(
+        held,
+        Usage {
+            prompt: 300,
+            cached: 0,
+            completion: 50,
+        },
+        0.0,
+    );
+    assert_eq!(t.requests.load(Relaxed), 0);
+    assert_eq!(t.charged_tokens.load(Relaxed), 350);
+    // Back to a per-minute limit: the usage made meanwhile counts against it.
+    l.reconfigure(&TenantsConfig {
+        default: TenantLimits {
+            tokens_per_minute: Some(400),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert_eq!(t.limits().max_requests_in_flight, None, "back to default");
+    assert_eq!(
+        l.admit("t", &est(30, 30)).unwrap_err().limit,
+        Limit::TokensPerMinute,
+        "350 used + 60 > 400"
+    );
+    assert!(l.admit("t", &est(25, 25)).is_ok());
+}
+
+#[test]
+fn a_late_commit_after_an_expiry_is_counted_once() {
+    let (l, _) = ledger(TenantLimits::default());
+    use std::sync::atomic::Ordering::Relaxed;
+    let r = l.admit("t", &est(100, 100)).unwrap();
+    r.expire();
+    r.expire();
+    let t = l.tenant("t");
+    assert_eq!(
+        (t.expired.load(Relaxed), t.charged_tokens.load(Relaxed)),
+        (1, 200)
+    );
+    r.commit(
+        Usage {
+            prompt: 100,
+            cached: 0,
+            completion: 5,
+        },
+        0.0,
+    );
+    assert_eq!(
+        (
+            t.expired.load(Relaxed),
+            t.committed.load(Relaxed),
+            t.late_commits.load(Relaxed),
+            t.dropped.load(Relaxed)
+        ),
+        (0, 1, 1, 0)
+    );
+    assert_eq!(t.charged_tokens.load(Relaxed), 105);
 }

@@ -17,7 +17,7 @@ fn shared(url: &str) -> Arc<Shared> {
             tokens_per_minute: Some(LIMIT),
             ..Default::default()
         },
-        named: Default::default(),
+        ..Default::default()
     };
     let cfg = SharedConfig {
         url: url.into(),
@@ -36,8 +36,8 @@ fn est(tokens: u64) -> Estimate {
     Estimate {
         prompt_tokens: tokens / 2,
         max_tokens: tokens - tokens / 2,
-        usd_per_token: 0.0,
-        ttl: Duration::from_secs(60),
+        cost_usd: 0.0,
+        ttl: Some(Duration::from_secs(60)),
     }
 }
 
