@@ -440,3 +440,27 @@ fn every_dashboard_panel_has_data_in_prometheus() {
         started.elapsed()
     );
 }
+
+/// Grafana keys panels by id and lays them out by `gridPos`: a repeated id or
+/// two panels on the same cells hides one of them.
+#[test]
+fn panels_have_unique_ids_and_do_not_overlap() {
+    let d: Value =
+        serde_json::from_str(&std::fs::read_to_string(DASHBOARD).expect("the dashboard file"))
+            .expect("the dashboard is JSON");
+    let panels = d["panels"].as_array().expect("panels");
+    let mut ids = BTreeSet::new();
+    let mut cells: Vec<(&str, [u64; 4])> = Vec::new();
+    for p in panels {
+        let title = p["title"].as_str().unwrap_or("?");
+        let id = p["id"].as_u64().expect("a numeric id");
+        assert!(ids.insert(id), "panel id {id} repeats ('{title}')");
+        let g = &p["gridPos"];
+        let [x, y, w, h] = ["x", "y", "w", "h"].map(|k| g[k].as_u64().expect("gridPos"));
+        for (other, [ox, oy, ow, oh]) in &cells {
+            let apart = x + w <= *ox || ox + ow <= x || y + h <= *oy || oy + oh <= y;
+            assert!(apart, "'{title}' overlaps '{other}'");
+        }
+        cells.push((title, [x, y, w, h]));
+    }
+}
