@@ -36,7 +36,10 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
     let trace = DecisionSpan::start();
     let _entered = trace.span().enter();
     let mut key = RouteKey::from_headers(map);
-    let max_tokens = key.max_tokens;
+    if key.list_models {
+        return mutation::model_list(&shared.snapshot().topo);
+    }
+    let (max_tokens, requested) = (key.max_tokens, key.model);
     key.spread_anonymous(fastrand::u64(..));
     match place(shared, key, fastrand::u64(..)) {
         Ok(p) => {
@@ -51,7 +54,7 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
             };
             let decided = p.decided();
             shared.hold_load(p.nonce, p.guard, decided, &input);
-            mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance)
+            mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance, requested)
         }
         Err(reject) => {
             trace.rejected(&reject);

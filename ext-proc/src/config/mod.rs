@@ -1,22 +1,27 @@
 //! Loading and validating the router config. Every error names its field path,
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
+mod credentials;
 mod defaults;
 mod envoy;
 mod model;
+pub mod model_list;
 mod routing;
 mod source;
+mod stage_fleet;
 mod valid;
 mod validate;
 
 use std::fmt;
 use std::path::Path;
 
+pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use model::*;
 pub use routing::*;
 pub use source::*;
+pub use stage_fleet::StageFleet;
 pub use valid::{ValidConfig, validate};
 
 #[derive(Clone, Debug, PartialEq, Eq)]

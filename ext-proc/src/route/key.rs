@@ -25,6 +25,8 @@ pub struct RouteKey<'a> {
     pub prompt_tokens: u32,
     /// The request's `max_tokens`, when it set one (bounds its load lease).
     pub max_tokens: Option<u32>,
+    /// `GET /v1/models`: answered with the model list, not routed.
+    pub list_models: bool,
 }
 
 /// A header's value as Envoy sends it.
@@ -61,6 +63,7 @@ impl<'a> RouteKey<'a> {
                 contract::BLOCK_TOKENS => k.block_tokens = v.parse().unwrap_or(0),
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
                 contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
+                contract::ENDPOINT => k.list_models = v == contract::ENDPOINT_MODELS,
                 _ => {}
             }
         }

@@ -6,6 +6,8 @@ mod envoy;
 mod experiment;
 mod fleet;
 mod source;
+#[cfg(test)]
+mod per_fleet_tests;
 mod stage;
 #[cfg(test)]
 mod tests;
