@@ -175,33 +175,40 @@ fn retry_policy(t: &TimeoutsConfig, streaming: bool) -> serde_json::Value {
     p
 }
 
+/// Named by no one (the filter strips a client's copy): a route whose
+/// `cluster_header` it is finds no cluster, and Envoy answers with the
+/// route's `cluster_not_found_response_code`, which the listener's local
+/// reply mappers give a JSON body (`envoy-config/envoy.yaml`). A refusal is
+/// such a route rather than a `direct_response` because the route a request
+/// first matches, before the filter has written any header (the catch-all),
+/// sets how much of its body Envoy buffers: a cluster route carries the
+/// virtual host's `request_body_buffer_limit`, a direct response only the
+/// connection's 1 MiB.
+pub const NO_CLUSTER_HEADER: &str = "x-fleetroute-no-cluster";
+
+/// A route that refuses: `NOT_FOUND` (no stage serves the model) or
+/// `SERVICE_UNAVAILABLE` (no fleet of the stage may serve it without
+/// fleetroute).
+fn refusal(code: &str) -> serde_json::Value {
+    json!({ "cluster_header": NO_CLUSTER_HEADER, "cluster_not_found_response_code": code })
+}
+
 /// Where a stage's fail-open requests go: its cluster, or, when no fleet of
-/// the stage may take them, a 503 from Envoy.
+/// the stage may take them, a 503.
 fn target(
     cfg: &RouterConfig,
     stage: &StageConfig,
     t: &TimeoutsConfig,
     streaming: bool,
-) -> (&'static str, serde_json::Value) {
+) -> serde_json::Value {
     if plan(cfg, stage).is_empty() {
-        let body = json!({ "error": {
-            "message": format!("the routing service is unavailable and no fleet of stage '{}' may serve requests without it", stage.name),
-            "type": "routing_error",
-            "code": "router_unavailable",
-        }});
-        return (
-            "direct_response",
-            json!({ "status": 503, "body": { "inline_string": body.to_string() } }),
-        );
+        return refusal("SERVICE_UNAVAILABLE");
     }
-    (
-        "route",
-        json!({
-            "cluster": cluster_name(&stage.name),
-            "timeout": format!("{}s", t.response_ms as f64 / 1000.0),
-            "retry_policy": retry_policy(t, streaming),
-        }),
-    )
+    json!({
+        "cluster": cluster_name(&stage.name),
+        "timeout": format!("{}s", t.response_ms as f64 / 1000.0),
+        "retry_policy": retry_policy(t, streaming),
+    })
 }
 
 /// The streaming and the non-streaming route for one match (streaming first:
@@ -220,12 +227,7 @@ fn route_pair(cfg: &RouterConfig, header: Option<&str>, stage: &StageConfig) -> 
         if !headers.is_empty() {
             m["headers"] = json!(headers);
         }
-        let (kind, action) = target(cfg, stage, t, streaming);
-        let mut route = json!({ "match": m });
-        route[kind] = action;
-        if kind == "direct_response" {
-            route["response_headers_to_add"] = json_content_type();
-        }
+        let route = json!({ "match": m, "route": target(cfg, stage, t, streaming) });
         yaml_serde::to_value(route).expect("json is yaml")
     })
 }
@@ -265,11 +267,10 @@ pub fn routes(cfg: &RouterConfig) -> Vec<Value> {
     match default_stage {
         Some(s) => routes.extend(route_pair(cfg, None, s)),
         None => routes.push(
-            yaml_serde::from_str(
-                "match: { prefix: '/' }\n\
-                 direct_response: { status: 404, body: { inline_string: '{\"error\":{\"message\":\"no stage serves this model\",\"type\":\"routing_error\",\"code\":\"model_not_found\"}}' } }",
+            yaml_serde::to_value(
+                json!({ "match": { "prefix": "/" }, "route": refusal("NOT_FOUND") }),
             )
-            .expect("static yaml"),
+            .expect("json is yaml"),
         ),
     }
     routes
@@ -414,7 +415,10 @@ stages:
         assert!(r[1]["route"]["retry_policy"]["per_try_idle_timeout"].is_null());
         assert_eq!(r[0]["match"]["headers"].as_sequence().unwrap().len(), 2);
         assert_eq!(r[1]["match"]["headers"].as_sequence().unwrap().len(), 1);
-        assert!(r[4]["direct_response"].is_mapping());
+        assert_eq!(
+            r[4]["route"]["cluster_not_found_response_code"],
+            Value::String("NOT_FOUND".into())
+        );
     }
 
     #[test]
@@ -451,8 +455,13 @@ default_stage: external
         // ext, external, and the default stage's pair answer 503 themselves.
         let refused = r
             .iter()
-            .filter(|r| r["direct_response"]["status"] == Value::Number(503.into()))
+            .filter(|r| {
+                r["route"]["cluster_not_found_response_code"]
+                    == Value::String("SERVICE_UNAVAILABLE".into())
+            })
             .count();
         assert_eq!(refused, 6);
+        // No refusal is a direct response: the catch-all's buffer limit counts.
+        assert!(r[1..].iter().all(|r| r.get("direct_response").is_none()));
     }
 }
