@@ -31,7 +31,7 @@ WARMUP=3
 run=.run/bench-rename
 mkdir -p "$run"
 rm -f "$run"/*.log "$run"/*.yaml "$run"/*.txt
-bin=target/release
+bin=${BIN_DIR:-target/release}
 wasm=$PWD/target/wasm32-wasip1/release/fleetroute_filter.wasm
 lua=scripts/bench-proxy.lua
 

@@ -29,6 +29,8 @@ stages:
     models: [llama, l3]
     fleets: [{ name: base, model: base-build/llama-8b }, { name: burst, model: meta-llama/Llama-3.1-70B-Instruct }]
     routing: { policy: weighted }
+    # Each replica answers only its own name: the golden prompt is renamed too.
+    warmup: { prompts: [{ body: { model: llama, messages: [{ role: user, content: "2+2=" }], max_tokens: 2 } }] }
   - name: other
     models: [meta-llama/Llama-3.1-70B-Instruct]
     fleets: [{ name: burst, model: meta-llama/Llama-3.1-70B-Instruct }]
@@ -61,6 +63,24 @@ fn renamed_lab() -> Lab {
     )
 }
 
+/// Waits until every replica has passed its stage's golden prompts (each
+/// engine answers them only under its own name, or with its own key).
+fn wait_warm(lab: &Lab) {
+    wait_until("every replica warm", Duration::from_secs(20), || {
+        client::blocking_get(&format!("{}/debug/snapshot", lab.admin))
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .is_some_and(|v| {
+                let replicas: Vec<&Value> = v["fleets"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|f| f["replicas"].as_array().into_iter().flatten())
+                    .collect();
+                !replicas.is_empty() && replicas.iter().all(|r| r["ready"] == true)
+            })
+    });
+}
+
 /// The data events of an SSE body, parsed.
 fn events(body: &str) -> Vec<Value> {
     body.split("\n\n")
@@ -85,6 +105,7 @@ fn seen(lab: &Lab, replica: &str) -> Value {
 #[test]
 fn each_fleet_gets_its_own_name_and_the_client_reads_back_its_own() {
     let lab = renamed_lab();
+    wait_warm(&lab);
     let mut fleets = std::collections::BTreeSet::new();
     for i in 0..24 {
         let user = format!("user-{i}");
@@ -215,6 +236,8 @@ stages:
     models: [ext]
     fleets: [paid]
     experiment: {{ shadow: {{ fleet: base, percent: 100 }} }}
+    # The provider answers only with its key: the golden prompt carries it.
+    warmup: {{ prompts: [{{ body: {{ model: ext, messages: [{{ role: user, content: "hi" }}], max_tokens: 1 }} }}] }}
 "#
     )
 }
@@ -234,6 +257,7 @@ fn a_fleets_key_replaces_the_clients_and_never_leaves_it() {
             ..Default::default()
         },
     );
+    wait_warm(&lab);
     let client_auth = format!("Bearer {CLIENT_KEY}");
     let headers = [
         ("authorization", client_auth.as_str()),

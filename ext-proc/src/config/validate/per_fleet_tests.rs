@@ -130,3 +130,15 @@ fn credentials_are_read_and_their_errors_name_the_field() {
         "stages[0].experiment.shadow.fleet: fleet 'burst' has credentials",
     );
 }
+
+#[test]
+fn only_a_config_that_will_route_reads_the_keys() {
+    let yaml = config(
+        ", credentials: { api_key_file: /nonexistent/key }",
+        "[base, burst]",
+        "",
+    );
+    // `fleetroute bootstrap` renders Envoy's config, which holds no key.
+    assert!(RouterConfig::parse(&yaml).is_ok());
+    assert!(RouterConfig::parse_valid(&yaml).is_err());
+}
