@@ -1,6 +1,7 @@
 //! The client's name back into a response, as it streams past: the value of
 //! the top-level `model` of a JSON body, or of every `data:` event of an SSE
-//! stream, becomes the name the client asked for. Chunk boundaries may fall
+//! stream, becomes the name the client asked for (the first one of each
+//! object: what follows it is not scanned). Chunk boundaries may fall
 //! anywhere; a `model` value cut by one is held back until its end arrives
 //! (at most [`MAX_MODEL_VALUE`] bytes), every other byte passes at once. A
 //! chunk without a change is left alone (no copy). Nested objects, strings
@@ -333,6 +334,15 @@ impl ModelRewriter {
                         self.state = State::Str { escaped };
                         continue;
                     }
+                    if !escaped && b != b'"' && b != b'\\' {
+                        // Plain bytes up to the next quote, escape or newline
+                        // (within the bound), at once.
+                        let room = MAX_MODEL_VALUE - self.held.len() - (i - value_at);
+                        let end = chunk.len().min(i + room);
+                        let window = chunk.get(i..end).unwrap_or_default();
+                        i += memchr3(b'"', b'\\', b'\n', window).unwrap_or(window.len());
+                        continue;
+                    }
                     i += 1;
                     self.state = match b {
                         _ if escaped => State::ModelString { escaped: false },
@@ -341,7 +351,9 @@ impl ModelRewriter {
                             out.splice(value_at, &self.replacement, i);
                             self.held.clear();
                             self.renamed += 1;
-                            State::AfterValue
+                            // One model per object: the rest of the event (or
+                            // body) passes unscanned.
+                            self.past_object()
                         }
                         _ => State::ModelString { escaped: false },
                     };
