@@ -12,11 +12,12 @@
 # Each setup is measured non-streamed (max_tokens 1) and streamed (32 token
 # events, each carrying the model), then with prompts of 1 KB, 64 KB and 1 MB
 # on one connection (the body rename scans and rewrites the whole body).
-# Envoy runs with one worker. Wherever `model` stands in the body, the rename
+# Both Envoys (one worker each) run side by side and every round measures
+# every setup and load in turn, so drift on a shared machine hits all alike. Wherever `model` stands in the body, the rename
 # scans the whole body (to refuse a second `model`) and moves its tail.
 #
 #   PROFILE=release scripts/build.sh
-#   DURATION=10 scripts/bench-rename.sh
+#   ROUNDS=3 DURATION=4 scripts/bench-rename.sh     # BIN_DIR=target/release
 #
 # Logs and configs go to .run/bench-rename/. Fails on any non-200 answer, any
 # socket error, any request that skipped fleetroute, and when setup 3 renamed
@@ -24,10 +25,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DURATION=${DURATION:-10}
-SWEEP_SECONDS=${SWEEP_SECONDS:-6}
+DURATION=${DURATION:-4}
+ROUNDS=${ROUNDS:-3}
 SWEEP_SIZES=${SWEEP_SIZES:-"1024 65536 1048576"}
-WARMUP=3
 run=.run/bench-rename
 mkdir -p "$run"
 rm -f "$run"/*.log "$run"/*.yaml "$run"/*.txt
@@ -76,6 +76,7 @@ PY
 base1=${ports[0]} base2=${ports[1]} burst1=${ports[2]} burst2=${ports[3]}
 control=${ports[4]} grpc=${ports[5]} admin=${ports[6]}
 listen_off=${ports[7]} admin_off=${ports[8]} listen_on=${ports[9]} admin_on=${ports[10]}
+lua=scripts/bench-proxy.lua
 
 cat > "$run/router.yaml" << YAML
 fleets:
@@ -123,75 +124,100 @@ done
 
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 
-# measure LABEL URL SECONDS CONNECTIONS ENVOY_PID [env...]: one line of figures.
-measure() {
-  local label=$1 url=$2 secs=$3 conns=$4 epid=$5
-  shift 5
-  env "$@" wrk -t1 -c"$conns" -d"${WARMUP}s" -s "$lua" "$url" > "$run/wrk-warmup.log" 2>&1
+RUST_LOG=warn "$bin/fleetroute" serve --config "$run/router.yaml" \
+  --grpc "127.0.0.1:$grpc" --admin "127.0.0.1:$admin" > "$run/fleetroute.log" 2>&1 &
+pids+=($!)
+wait_http "fleetroute" "http://127.0.0.1:$admin/ready"
+declare -A epid url eadmin
+for c in off on; do
+  envoy -c "$run/$c.yaml" --concurrency 1 --disable-hot-restart --log-level warn > "$run/envoy-$c.log" 2>&1 &
+  epid[$c]=$!
+  pids+=($!)
+done
+eadmin[off]=$admin_off eadmin[on]=$admin_on
+url[off]="http://127.0.0.1:$listen_off/v1/chat/completions"
+url[on]="http://127.0.0.1:$listen_on/v1/chat/completions"
+for c in off on; do wait_http "envoy ($c)" "http://127.0.0.1:${eadmin[$c]}/ready"; done
+
+# Setups: Envoy, model asked for. Loads: connections and wrk's environment.
+setups=("no rename filter|off|demo-model" "not renamed|on|demo-model" "renamed|on|renamed-model")
+loads=("8 conn|8|" "streamed 32 tokens, 8 conn|8|STREAM=1 MAX_TOKENS=32")
+for size in $SWEEP_SIZES; do loads+=("prompt $((size / 1024)) KB, 1 conn|1|PROMPT_BYTES=$size"); done
+
+# One measurement: wrk against one setup, Envoy's CPU ticks around it.
+declare -A requests ticks micros p50s
+measure() { # KEY ENVOY MODEL CONNS ENV...
+  local key=$1 c=$2 model=$3 conns=$4
+  shift 4
+  env MODEL="$model" "$@" wrk -t1 -c"$conns" -d1s -s "$lua" "${url[$c]}" > "$run/wrk-warmup.log" 2>&1
   local before after line
-  before=$(cpu_ticks "$epid")
-  env "$@" wrk -t1 -c"$conns" -d"${secs}s" -s "$lua" "$url" > "$run/wrk-$label.log" 2>&1 \
-    || { echo "$label: wrk failed" >&2; cat "$run/wrk-$label.log" >&2; exit 1; }
-  after=$(cpu_ticks "$epid")
-  line=$(grep '^BENCH requests=' "$run/wrk-$label.log")
-  for key in non200 connect read write timeout; do
-    n=$(sed -E "s/.* $key=([0-9]+).*/\1/" <<< "$line")
-    [ "$n" = 0 ] || { echo "$label: $n requests failed ($key)" >&2; grep '^BENCH first' "$run/wrk-$label.log" >&2 || true; exit 1; }
+  before=$(cpu_ticks "${epid[$c]}")
+  env MODEL="$model" "$@" wrk -t1 -c"$conns" -d"${DURATION}s" -s "$lua" "${url[$c]}" > "$run/wrk.log" 2>&1 \
+    || { echo "$key: wrk failed" >&2; cat "$run/wrk.log" >&2; exit 1; }
+  after=$(cpu_ticks "${epid[$c]}")
+  line=$(grep '^BENCH requests=' "$run/wrk.log")
+  for k in non200 connect read write timeout; do
+    n=$(sed -E "s/.* $k=([0-9]+).*/\1/" <<< "$line")
+    [ "$n" = 0 ] || { echo "$key: $n requests failed ($k)" >&2; grep '^BENCH first' "$run/wrk.log" >&2 || true; exit 1; }
   done
-  python3 - "$label" "$line" "$before" "$after" "$(getconf CLK_TCK)" << 'PY'
-import sys
-label, line, b, a, hz = sys.argv[1:]
-v = dict(kv.split("=") for kv in line.split()[1:] if "=" in kv)
-n, us = int(v["requests"]), int(v["duration_us"])
-cpu = (int(a) - int(b)) / int(hz) / n * 1e6
-print(f"| {label} | {n / (us / 1e6):.0f} | {int(v['p50_us']) / 1000:.2f} | {int(v['p99_us']) / 1000:.2f} | {cpu:.0f} |")
-PY
+  local n us p50
+  n=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<< "$line")
+  us=$(sed -E 's/.*duration_us=([0-9]+).*/\1/' <<< "$line")
+  p50=$(sed -E 's/.*p50_us=([0-9]+).*/\1/' <<< "$line")
+  requests[$key]=$(( ${requests[$key]:-0} + n ))
+  ticks[$key]=$(( ${ticks[$key]:-0} + after - before ))
+  micros[$key]=$(( ${micros[$key]:-0} + us ))
+  p50s[$key]="${p50s[$key]:-} $p50"
 }
 
-rows=()
-renamed_total=0
-for setup in off on; do
-  RUST_LOG=warn "$bin/fleetroute" serve --config "$run/router.yaml" \
-    --grpc "127.0.0.1:$grpc" --admin "127.0.0.1:$admin" > "$run/fleetroute-$setup.log" 2>&1 &
-  fr=$!
-  pids+=($fr)
-  wait_http "fleetroute" "http://127.0.0.1:$admin/ready"
-  listen=$([ $setup = on ] && echo "$listen_on" || echo "$listen_off")
-  eadmin=$([ $setup = on ] && echo "$admin_on" || echo "$admin_off")
-  envoy -c "$run/$setup.yaml" --concurrency 1 --disable-hot-restart --log-level warn > "$run/envoy-$setup.log" 2>&1 &
-  ep=$!
-  pids+=($ep)
-  wait_http "envoy ($setup)" "http://127.0.0.1:$eadmin/ready"
-  url="http://127.0.0.1:$listen/v1/chat/completions"
-  if [ $setup = off ]; then
-    kinds=("no rename filter:demo-model")
-  else
-    kinds=("not renamed:demo-model" "renamed:renamed-model")
-  fi
-  for k in "${kinds[@]}"; do
-    name=${k%%:*} model=${k#*:}
-    rows+=("$(measure "$name, 8 conn" "$url" "$DURATION" 8 "$ep" MODEL="$model")")
-    rows+=("$(measure "$name, streamed 32 tokens, 8 conn" "$url" "$DURATION" 8 "$ep" MODEL="$model" STREAM=1 MAX_TOKENS=32)")
-    for size in $SWEEP_SIZES; do
-      rows+=("$(measure "$name, prompt $((size / 1024)) KB, 1 conn" "$url" "$SWEEP_SECONDS" 1 "$ep" MODEL="$model" PROMPT_BYTES="$size")")
+# Rounds alternate every setup and load, so drift on a shared machine hits all alike.
+for round in $(seq 1 "$ROUNDS"); do
+  echo "==> round $round of $ROUNDS"
+  for l in "${loads[@]}"; do
+    IFS='|' read -r lname conns lenv <<< "$l"
+    for st in "${setups[@]}"; do
+      IFS='|' read -r sname c model <<< "$st"
+      # shellcheck disable=SC2086
+      measure "$sname|$lname" "$c" "$model" "$conns" $lenv
     done
-    printf '%s\n' "${rows[@]: -5}"
   done
-  curl -fsS "http://127.0.0.1:$eadmin/stats" > "$run/stats-$setup.txt"
-  open=$(awk -F': ' '$1 ~ /ext_proc\.failure_mode_allowed$/ { n += $2 } END { print n + 0 }' "$run/stats-$setup.txt")
-  [ "$open" = 0 ] || { echo "$setup: $open requests skipped fleetroute" >&2; exit 1; }
-  r=$(awk -F': ' '$1 == "wasmcustom.fleetroute_filter.model_renamed" { print $2 }' "$run/stats-$setup.txt")
-  u=$(awk -F': ' '$1 == "wasmcustom.fleetroute_filter.model_rename_untouched" { print $2 }' "$run/stats-$setup.txt")
-  renamed_total=$((renamed_total + ${r:-0}))
-  [ "${u:-0}" = 0 ] || { echo "$setup: $u bodies left untouched" >&2; exit 1; }
-  stop_pid "$ep"
-  stop_pid "$fr"
 done
-[ "$renamed_total" -gt 0 ] || { echo "nothing was renamed" >&2; exit 1; }
+
+for c in off on; do
+  curl -fsS "http://127.0.0.1:${eadmin[$c]}/stats" > "$run/stats-$c.txt"
+  open=$(awk -F': ' '$1 ~ /ext_proc\.failure_mode_allowed$/ { n += $2 } END { print n + 0 }' "$run/stats-$c.txt")
+  [ "$open" = 0 ] || { echo "$c: $open requests skipped fleetroute" >&2; exit 1; }
+done
+renamed=$(awk -F': ' '$1 == "wasmcustom.fleetroute_filter.model_renamed" { print $2 }' "$run/stats-on.txt")
+untouched=$(awk -F': ' '$1 == "wasmcustom.fleetroute_filter.model_rename_untouched" { print $2 }' "$run/stats-on.txt")
+[ "${renamed:-0}" -gt 0 ] || { echo "nothing was renamed" >&2; exit 1; }
+[ "${untouched:-0}" = 0 ] || { echo "$untouched bodies left untouched" >&2; exit 1; }
 
 echo
-echo "| setup | requests/s | p50 ms | p99 ms | Envoy CPU µs/request |"
-echo "|---|---:|---:|---:|---:|"
-printf '%s\n' "${rows[@]}"
+echo "Envoy CPU µs per request (user + system over all rounds / requests), requests/s over all rounds, median p50 of the rounds; ratio: CPU vs the same load without the rename filter."
+echo "| load | setup | Envoy CPU µs/request | vs no rename filter | requests/s | p50 ms |"
+echo "|---|---|---:|---:|---:|---:|"
+hz=$(getconf CLK_TCK)
+for l in "${loads[@]}"; do
+  IFS='|' read -r lname _ _ <<< "$l"
+  base=""
+  for st in "${setups[@]}"; do
+    IFS='|' read -r sname _ _ <<< "$st"
+    key="$sname|$lname"
+    python3 - "$lname" "$sname" "${requests[$key]}" "${ticks[$key]}" "${micros[$key]}" "${p50s[$key]}" "$hz" "$base" << 'PY'
+import statistics, sys
+load, setup, n, t, us, p50s, hz, base = sys.argv[1:]
+n, t, us, hz = int(n), int(t), int(us), int(hz)
+cpu = t / hz / n * 1e6
+ratio = f"{cpu / float(base):.2f}" if base else "1.00"
+p50 = statistics.median(int(x) for x in p50s.split()) / 1000
+print(f"| {load} | {setup} | {cpu:.0f} | {ratio} | {n / (us / 1e6):.0f} | {p50:.2f} |")
+PY
+    if [ -z "$base" ]; then
+      base=$(python3 -c "print(${ticks[$key]} / $hz / ${requests[$key]} * 1e6)")
+    fi
+  done
+done
 echo
-echo "Renamed bodies: $renamed_total. Machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); Envoy $(envoy --version | sed -nE 's|.*version: [0-9a-f]+/([0-9.]+)/.*|\1|p'); $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "Rounds: $ROUNDS x ${DURATION}s per load and setup (1 s warm-up each); renamed bodies: $renamed."
+echo "Machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg); Envoy $(envoy --version | sed -nE 's|.*version: [0-9a-f]+/([0-9.]+)/.*|\1|p'); $(date -u '+%Y-%m-%d %H:%M UTC')"
