@@ -226,7 +226,7 @@ pub fn render(
     for stage in cfg
         .stages
         .iter()
-        .filter(|s| !fail_open::plan(cfg, s).is_empty())
+        .filter(|s| fail_open::has_fail_open(cfg, s))
     {
         let mut c = fallback.clone();
         envoy_bounds::fallback_cluster(&mut c, cfg, stage)?;

@@ -58,6 +58,13 @@ pub fn takes_fail_open(cfg: &RouterConfig, stage: &StageConfig, fleet: &str) -> 
     !renamed && !keyed
 }
 
+/// Whether any fleet of the stage may take its fail-open traffic: the stage
+/// then has a fail-open cluster (whatever its members now; EDS may fill it
+/// later), else its fail-open routes refuse.
+pub fn has_fail_open(cfg: &RouterConfig, stage: &StageConfig) -> bool {
+    stage.fleet_names().any(|f| takes_fail_open(cfg, stage, f))
+}
+
 /// What "configured proportions" means per policy: `weighted` is weight ×
 /// replica count (as fleetroute's weighted policy shares keys), and fleets
 /// of weight 0 only take over when the others fail; `priority` is the `order`,
@@ -201,7 +208,7 @@ fn target(
     t: &TimeoutsConfig,
     streaming: bool,
 ) -> serde_json::Value {
-    if plan(cfg, stage).is_empty() {
+    if !has_fail_open(cfg, stage) {
         return refusal("SERVICE_UNAVAILABLE");
     }
     json!({
