@@ -54,7 +54,13 @@ pub fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingRespon
             };
             let decided = p.decided();
             shared.hold_load(p.nonce, p.guard, decided, &input);
-            mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance, requested)
+            mutation::route(
+                &p.snapshot.topo,
+                &p.decision,
+                p.nonce,
+                &shared.instance,
+                requested,
+            )
         }
         Err(reject) => {
             trace.rejected(&reject);

@@ -5,9 +5,9 @@
 mod envoy;
 mod experiment;
 mod fleet;
-mod source;
 #[cfg(test)]
 mod per_fleet_tests;
+mod source;
 mod stage;
 #[cfg(test)]
 mod tests;
