@@ -107,7 +107,7 @@ fn set<'a>(m: &'a HeaderMutation, name: &str) -> Option<&'a [u8]> {
 fn route(rig: &Rig, model: &str, k: u64) -> (Decision, ProcessingResponse) {
     let snap = rig.shared.snapshot();
     let d = decide(&snap, &key(model, k), 0).unwrap();
-    let reply = mutation::route(&snap.topo, &d, 1, Some(model));
+    let reply = mutation::route(&snap.topo, &d, 1, "test", Some(model));
     (d, reply)
 }
 
