@@ -18,6 +18,11 @@ function init(args)
   -- PROMPT_BYTES (the prompt-size sweep): a few users with a prompt of that
   -- size instead, so wrk's memory stays small at 1 MB prompts.
   local prompt_bytes = tonumber(os.getenv("PROMPT_BYTES") or "")
+  -- MODEL, STREAM=1 and MAX_TOKENS (scripts/bench-rename.sh): another stage,
+  -- a streamed answer, a longer one.
+  local model = os.getenv("MODEL") or "demo-model"
+  local stream = os.getenv("STREAM") == "1"
+  local max_tokens = tonumber(os.getenv("MAX_TOKENS") or "") or 1
   local users, content = 64, "Say hello"
   if prompt_bytes then
     users = 4
@@ -27,8 +32,9 @@ function init(args)
   reqs = {}
   for i = 1, users do
     local body = string.format(
-      '{"model":"demo-model","user":"bench-user-%d",' ..
-      '"messages":[{"role":"user","content":"%s"}],"max_tokens":1}', i, content)
+      '{"model":"%s","user":"bench-user-%d",' ..
+      '"messages":[{"role":"user","content":"%s"}],"max_tokens":%d,"stream":%s}',
+      model, i, content, max_tokens, tostring(stream))
     reqs[i] = wrk.format("POST", "/v1/chat/completions",
       { ["Content-Type"] = "application/json" }, body)
   end

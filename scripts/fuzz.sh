@@ -23,6 +23,7 @@ targets=(
   "fleetroute-filter fuzz_headers"
   "fleetroute-filter fuzz_contract"
   "fleetroute-filter fuzz_response"
+  "fleetroute-filter fuzz_rename"
   "fleetroute fuzz_route_key"
   "fleetroute fuzz_config"
 )

@@ -124,7 +124,11 @@ pub fn render(
             .unwrap_or_default()
             .to_string();
         let tc = get_mut(filter, &["typed_config"])?;
-        if name == "envoy.filters.http.wasm" {
+        let is_wasm = tc
+            .get("@type")
+            .and_then(Value::as_str)
+            .is_some_and(|t| t.ends_with("envoy.extensions.filters.http.wasm.v3.Wasm"));
+        if is_wasm {
             *get_mut(tc, &["config", "vm_config", "code", "local", "filename"])? = key(&opts.wasm);
         } else if name == "envoy.filters.http.ext_proc" && tc.get("observability_mode").is_none() {
             *get_mut(tc, &["failure_mode_allow"])? = Value::Bool(!opts.fail_closed);
@@ -143,6 +147,16 @@ pub fn render(
     routes.clear();
     routes.extend(chosen);
     routes.extend(fail_open::routes(cfg));
+    // Envoy refuses a direct response body over this (default 4 KiB); the
+    // model list grows with the config.
+    let list = crate::config::model_list::body(cfg).len() as u64;
+    get_mut(hcm, &["route_config"])?
+        .as_mapping_mut()
+        .ok_or("template: route_config is not a mapping")?
+        .insert(
+            key("max_direct_response_body_size_bytes"),
+            Value::Number(list.max(4096).next_power_of_two().into()),
+        );
 
     let clusters = get_mut(&mut doc, &["static_resources", "clusters"])?
         .as_sequence_mut()
@@ -207,7 +221,13 @@ pub fn render(
         envoy_bounds::fleet_cluster(&mut c, cfg)?;
         out.push(c);
     }
-    for stage in &cfg.stages {
+    // A stage whose fleets may not take fail-open traffic has no cluster (its
+    // fail-open routes answer 503).
+    for stage in cfg
+        .stages
+        .iter()
+        .filter(|s| fail_open::has_fail_open(cfg, s))
+    {
         let mut c = fallback.clone();
         envoy_bounds::fallback_cluster(&mut c, cfg, stage)?;
         if opts.static_endpoints {

@@ -4,6 +4,13 @@
 //! ejects hands its share to the stage's other fleets, never to a fleet
 //! outside the stage (so never outside its residency).
 //!
+//! A fail-open request reaches its fleet exactly as the client sent it: its
+//! model name and its `Authorization`. So a fleet that serves the stage's
+//! model under its own name, or that has its own key (an external provider,
+//! which must never see a client's key), is left out of the stage's
+//! fail-open cluster; a stage left with no fleet answers fail-open requests
+//! with a 503 (`router_unavailable`) instead.
+//!
 //! Mechanism: one cluster per stage (`fallback/<stage>`) holding the stage's
 //! replicas, one locality per fleet, with Envoy's health checks and outlier
 //! detection. Locality-weighted balancing scales each fleet's weight by the
@@ -38,13 +45,33 @@ pub struct Locality {
     pub weight: u32,
 }
 
+/// Whether a fleet may take a stage's fail-open traffic (see the module doc).
+pub fn takes_fail_open(cfg: &RouterConfig, stage: &StageConfig, fleet: &str) -> bool {
+    let renamed = stage
+        .fleets
+        .iter()
+        .any(|f| f.name == fleet && f.model.is_some());
+    let keyed = cfg
+        .fleets
+        .iter()
+        .any(|f| f.name == fleet && f.credentials.is_some());
+    !renamed && !keyed
+}
+
+/// Whether any fleet of the stage may take its fail-open traffic: the stage
+/// then has a fail-open cluster (whatever its members now; EDS may fill it
+/// later), else its fail-open routes refuse.
+pub fn has_fail_open(cfg: &RouterConfig, stage: &StageConfig) -> bool {
+    stage.fleet_names().any(|f| takes_fail_open(cfg, stage, f))
+}
+
 /// What "configured proportions" means per policy: `weighted` is weight ×
 /// replica count (as fleetroute's weighted policy shares keys), and fleets
 /// of weight 0 only take over when the others fail; `priority` is the `order`,
 /// one priority level per fleet; `latency` and `cost` have no fixed
 /// proportions, so traffic is spread by replica count.
 pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
-    plan_with(stage, |name| {
+    plan_with(cfg, stage, |name| {
         cfg.fleets
             .iter()
             .find(|f| f.name == name)
@@ -55,13 +82,17 @@ pub fn plan(cfg: &RouterConfig, stage: &StageConfig) -> Vec<Locality> {
 /// The same for any membership: `replicas` counts a fleet's members (the
 /// config's `endpoints` for a static bootstrap, the running topology's for
 /// the endpoints fleetroute serves by EDS).
-pub fn plan_with(stage: &StageConfig, replicas: impl Fn(&str) -> usize) -> Vec<Locality> {
+pub fn plan_with(
+    cfg: &RouterConfig,
+    stage: &StageConfig,
+    replicas: impl Fn(&str) -> usize,
+) -> Vec<Locality> {
     let r = &stage.routing;
     let mut out = Vec::new();
     match r.policy() {
         PolicyKind::Priority => {
             let mut order: Vec<String> = r.order().unwrap_or_default().to_vec();
-            for f in &stage.fleets {
+            for f in stage.fleet_names() {
                 if !order.contains(f) {
                     order.push(f.clone());
                 }
@@ -74,8 +105,7 @@ pub fn plan_with(stage: &StageConfig, replicas: impl Fn(&str) -> usize) -> Vec<L
         }
         PolicyKind::Weighted | PolicyKind::Latency | PolicyKind::Cost => {
             let shares: Vec<f64> = stage
-                .fleets
-                .iter()
+                .fleet_names()
                 .map(|f| r.weight(f) * replicas(f) as f64)
                 .collect();
             let ints = if shares.iter().any(|s| *s > 0.0) {
@@ -84,7 +114,7 @@ pub fn plan_with(stage: &StageConfig, replicas: impl Fn(&str) -> usize) -> Vec<L
                 vec![1; shares.len()]
             };
             let g = ints.iter().fold(0, |g, w| gcd(g, *w)).max(1);
-            out.extend(stage.fleets.iter().zip(ints).map(|(f, w)| Locality {
+            out.extend(stage.fleet_names().zip(ints).map(|(f, w)| Locality {
                 fleet: f.clone(),
                 priority: u32::from(w == 0),
                 weight: (w / g).max(1),
@@ -92,7 +122,9 @@ pub fn plan_with(stage: &StageConfig, replicas: impl Fn(&str) -> usize) -> Vec<L
         }
     }
     // A fleet without replicas has nothing to offer.
-    out.retain(|l| replicas(&l.fleet) > 0);
+    // A fleet without replicas has nothing to offer; one that renames the
+    // model or carries a key may not take fail-open traffic.
+    out.retain(|l| replicas(&l.fleet) > 0 && takes_fail_open(cfg, stage, &l.fleet));
     // Envoy's priorities count from 0 without gaps: renumber what is left
     // (a fleet scaled to zero at runtime must not leave level 0 empty).
     let mut levels: Vec<u32> = out.iter().map(|l| l.priority).collect();
@@ -150,9 +182,46 @@ fn retry_policy(t: &TimeoutsConfig, streaming: bool) -> serde_json::Value {
     p
 }
 
+/// Named by no one (the filter strips a client's copy): a route whose
+/// `cluster_header` it is finds no cluster, and Envoy answers with the
+/// route's `cluster_not_found_response_code`, which the listener's local
+/// reply mappers give a JSON body (`envoy-config/envoy.yaml`). A refusal is
+/// such a route rather than a `direct_response` because the route a request
+/// first matches, before the filter has written any header (the catch-all),
+/// sets how much of its body Envoy buffers: a cluster route carries the
+/// virtual host's `request_body_buffer_limit`, a direct response only the
+/// connection's 1 MiB.
+pub const NO_CLUSTER_HEADER: &str = "x-fleetroute-no-cluster";
+
+/// A route that refuses: `NOT_FOUND` (no stage serves the model) or
+/// `SERVICE_UNAVAILABLE` (no fleet of the stage may serve it without
+/// fleetroute).
+fn refusal(code: &str) -> serde_json::Value {
+    json!({ "cluster_header": NO_CLUSTER_HEADER, "cluster_not_found_response_code": code })
+}
+
+/// Where a stage's fail-open requests go: its cluster, or, when no fleet of
+/// the stage may take them, a 503.
+fn target(
+    cfg: &RouterConfig,
+    stage: &StageConfig,
+    t: &TimeoutsConfig,
+    streaming: bool,
+) -> serde_json::Value {
+    if !has_fail_open(cfg, stage) {
+        return refusal("SERVICE_UNAVAILABLE");
+    }
+    json!({
+        "cluster": cluster_name(&stage.name),
+        "timeout": format!("{}s", t.response_ms as f64 / 1000.0),
+        "retry_policy": retry_policy(t, streaming),
+    })
+}
+
 /// The streaming and the non-streaming route for one match (streaming first:
 /// the other matches both).
-fn route_pair(header: Option<&str>, stage: &str, t: &TimeoutsConfig) -> [Value; 2] {
+fn route_pair(cfg: &RouterConfig, header: Option<&str>, stage: &StageConfig) -> [Value; 2] {
+    let t = &cfg.envoy.timeouts;
     [true, false].map(|streaming| {
         let mut headers = Vec::new();
         if let Some(model) = header {
@@ -165,22 +234,37 @@ fn route_pair(header: Option<&str>, stage: &str, t: &TimeoutsConfig) -> [Value; 
         if !headers.is_empty() {
             m["headers"] = json!(headers);
         }
-        let route = json!({
-            "cluster": cluster_name(stage),
-            "timeout": format!("{}s", t.response_ms as f64 / 1000.0),
-            "retry_policy": retry_policy(t, streaming),
-        });
-        yaml_serde::to_value(json!({ "match": m, "route": route })).expect("json is yaml")
+        let route = json!({ "match": m, "route": target(cfg, stage, t, streaming) });
+        yaml_serde::to_value(route).expect("json is yaml")
     })
+}
+
+/// `GET /v1/models` while fleetroute cannot be asked: Envoy answers with the
+/// list as of this rendering (the same body fleetroute answers with).
+pub fn model_list_route(cfg: &RouterConfig) -> Value {
+    use fleetroute_filter::contract::{ENDPOINT, ENDPOINT_MODELS};
+    let route = json!({
+        "match": { "prefix": "/", "headers": [{ "name": ENDPOINT, "string_match": { "exact": ENDPOINT_MODELS } }] },
+        "direct_response": { "status": 200, "body": { "inline_string": crate::config::model_list::body(cfg) } },
+        "response_headers_to_add": json_content_type(),
+    });
+    yaml_serde::to_value(route).expect("json is yaml")
+}
+
+/// Envoy's own answers say text/plain; these bodies are JSON.
+fn json_content_type() -> serde_json::Value {
+    json!([{
+        "header": { "key": "content-type", "value": "application/json" },
+        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+    }])
 }
 
 /// Fail-open routes, used only when fleetroute could not be asked.
 pub fn routes(cfg: &RouterConfig) -> Vec<Value> {
-    let t = &cfg.envoy.timeouts;
-    let mut routes = Vec::new();
+    let mut routes = vec![model_list_route(cfg)];
     for stage in &cfg.stages {
         for model in stage.models.iter().chain([&stage.name]) {
-            routes.extend(route_pair(Some(model), &stage.name, t));
+            routes.extend(route_pair(cfg, Some(model), stage));
         }
     }
     let default_stage = cfg
@@ -188,13 +272,12 @@ pub fn routes(cfg: &RouterConfig) -> Vec<Value> {
         .as_ref()
         .and_then(|d| cfg.stages.iter().find(|s| &s.name == d));
     match default_stage {
-        Some(s) => routes.extend(route_pair(None, &s.name, t)),
+        Some(s) => routes.extend(route_pair(cfg, None, s)),
         None => routes.push(
-            yaml_serde::from_str(
-                "match: { prefix: '/' }\n\
-                 direct_response: { status: 404, body: { inline_string: '{\"error\":{\"message\":\"no stage serves this model\",\"type\":\"routing_error\",\"code\":\"model_not_found\"}}' } }",
+            yaml_serde::to_value(
+                json!({ "match": { "prefix": "/" }, "route": refusal("NOT_FOUND") }),
             )
-            .expect("static yaml"),
+            .expect("json is yaml"),
         ),
     }
     routes
@@ -318,8 +401,15 @@ stages:
     #[test]
     fn streaming_routes_come_first_and_carry_the_idle_bound() {
         let c = cfg("{ policy: weighted }", "[a, b]");
+        // The model list first, then two matches per name (s/1, eu) and the 404 default.
         let r = routes(&c);
-        // Two matches per name (s/1, eu) plus the 404 default.
+        assert!(
+            r[0]["direct_response"]["body"]["inline_string"]
+                .as_str()
+                .unwrap()
+                .contains("\"s/1\"")
+        );
+        let r = &r[1..];
         assert_eq!(r.len(), 5);
         assert_eq!(
             r[0]["route"]["retry_policy"]["per_try_idle_timeout"],
@@ -332,6 +422,53 @@ stages:
         assert!(r[1]["route"]["retry_policy"]["per_try_idle_timeout"].is_null());
         assert_eq!(r[0]["match"]["headers"].as_sequence().unwrap().len(), 2);
         assert_eq!(r[1]["match"]["headers"].as_sequence().unwrap().len(), 1);
-        assert!(r[4]["direct_response"].is_mapping());
+        assert_eq!(
+            r[4]["route"]["cluster_not_found_response_code"],
+            Value::String("NOT_FOUND".into())
+        );
+    }
+
+    #[test]
+    fn fleets_that_rename_or_carry_a_key_take_no_fail_open_traffic() {
+        let key = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(key.path(), "sk-b").unwrap();
+        let c = RouterConfig::parse(&format!(
+            r#"
+fleets:
+  - {{ name: a, region: us, endpoints: ["10.0.0.1:80"] }}
+  - {{ name: b, region: us, endpoints: ["10.0.1.1:80"], credentials: {{ api_key_file: '{}' }} }}
+  - {{ name: c, region: us, endpoints: ["10.0.2.1:80"] }}
+stages:
+  - name: mixed
+    fleets: [b, {{ name: c, model: other }}, a]
+    routing: {{ policy: priority }}
+  - name: external
+    models: [ext]
+    fleets: [b]
+default_stage: external
+"#,
+            key.path().display()
+        ))
+        .unwrap();
+        // Only a is left, and it takes priority 0.
+        assert_eq!(localities(&c, 0), vec![l("a", 0, 1)]);
+        assert!(plan(&c, &c.stages[1]).is_empty());
+        let r = routes(&c);
+        let to_external: Vec<&Value> = r
+            .iter()
+            .filter(|r| r["route"]["cluster"] == Value::String("fallback/external".into()))
+            .collect();
+        assert!(to_external.is_empty(), "{to_external:?}");
+        // ext, external, and the default stage's pair answer 503 themselves.
+        let refused = r
+            .iter()
+            .filter(|r| {
+                r["route"]["cluster_not_found_response_code"]
+                    == Value::String("SERVICE_UNAVAILABLE".into())
+            })
+            .count();
+        assert_eq!(refused, 6);
+        // No refusal is a direct response: the catch-all's buffer limit counts.
+        assert!(r[1..].iter().all(|r| r.get("direct_response").is_none()));
     }
 }

@@ -37,7 +37,10 @@ pub async fn route_request(shared: &Shared, headers: &HttpHeaders) -> Processing
     };
     let trace = DecisionSpan::start();
     let mut key = RouteKey::from_headers(map);
-    let max_tokens = key.max_tokens;
+    if key.list_models {
+        return mutation::model_list(&shared.snapshot().topo);
+    }
+    let (max_tokens, requested) = (key.max_tokens, key.model);
     key.spread_anonymous(fastrand::u64(..));
     let placed = place(shared, key, fastrand::u64(..))
         .instrument(trace.span().clone())
@@ -55,7 +58,13 @@ pub async fn route_request(shared: &Shared, headers: &HttpHeaders) -> Processing
                 prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
             };
             let decided = p.decided();
-            let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, &shared.instance);
+            let reply = mutation::route(
+                &p.snapshot.topo,
+                &p.decision,
+                p.nonce,
+                &shared.instance,
+                requested,
+            );
             shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
             reply
         }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
-    AlarmsConfig, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, FleetConfig,
+    AlarmsConfig, ApiKey, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, FleetConfig,
     HealthCheckConfig, OutlierConfig, PolicyKind, ReplicaChoiceConfig, RoutingConfig,
-    ScalingConfig, ValidConfig, WarmupConfig,
+    ScalingConfig, ValidConfig, WarmupConfig, model_list,
 };
 pub mod ids;
 pub mod load;
@@ -38,6 +38,8 @@ pub struct Topology {
     /// The generation whose config last changed the order of fleets or
     /// stages: `FleetId`s and `StageId`s of an older one mean nothing now.
     pub layout: u64,
+    /// The `GET /v1/models` answer (OpenAI's list), built once per topology.
+    pub model_list: Vec<u8>,
 }
 
 #[derive(Clone, Debug)]
@@ -54,6 +56,9 @@ pub struct Fleet {
     pub cost: Option<CostConfig>,
     pub hosts: Option<Bounds>,
     pub scaling: ScalingConfig,
+    /// The fleet's own `Authorization` (an external provider): it replaces
+    /// the client's on every request routed here.
+    pub key: Option<ApiKey>,
 }
 
 #[derive(Clone, Debug)]
@@ -90,6 +95,9 @@ pub struct Stage {
     pub name: String,
     /// The stage's fleets, in its listed order.
     pub fleets: Vec<FleetId>,
+    /// Parallel to `fleets`: the name a fleet serves the model under, when it
+    /// is not the client's.
+    pub served: Vec<Option<String>>,
     /// Sorted regions the stage may use.
     pub residency: Vec<String>,
     pub replicas: Option<Bounds>,
@@ -193,6 +201,7 @@ impl Topology {
             .map(|(i, f)| {
                 let replicas = replicas(FleetId(i), f);
                 Fleet {
+                    key: cfg.key(i).cloned(),
                     name: f.name.clone(),
                     seed: xxh3_64(f.name.as_bytes()),
                     region: f.region.clone(),
@@ -209,7 +218,7 @@ impl Topology {
             .stages
             .iter()
             .map(|s| {
-                let idx: Vec<FleetId> = s.fleets.iter().map(|n| fleet_idx[n.as_str()]).collect();
+                let idx: Vec<FleetId> = s.fleet_names().map(|n| fleet_idx[n.as_str()]).collect();
                 let mut residency = match &s.residency {
                     Some(r) => r.to_vec(),
                     None => idx
@@ -240,6 +249,7 @@ impl Topology {
                 Stage {
                     name: s.name.clone(),
                     fleets: idx,
+                    served: s.fleets.iter().map(|f| f.model.clone()).collect(),
                     residency,
                     replicas: s.replicas,
                     policy,
@@ -294,6 +304,7 @@ impl Topology {
             engine_metrics: cfg.engine_metrics.clone(),
             generation,
             layout,
+            model_list: model_list::body(cfg).into_bytes(),
         }
     }
 
@@ -355,6 +366,14 @@ impl Topology {
     }
 }
 
+impl Stage {
+    /// The name `fleet` serves this stage's model under, if it has its own.
+    pub fn served_as(&self, fleet: FleetId) -> Option<&str> {
+        let i = self.fleets.iter().position(|&f| f == fleet)?;
+        self.served.get(i)?.as_deref()
+    }
+}
+
 impl Fleet {
     pub fn replica_index(&self, addr: &str) -> Option<ReplicaId> {
         self.by_addr.get(addr).copied()
@@ -389,6 +408,7 @@ impl Topology {
             engine_metrics: EngineMetricsConfig::default(),
             generation: 0,
             layout: 0,
+            model_list: br#"{"object":"list","data":[]}"#.to_vec(),
         }
     }
 }

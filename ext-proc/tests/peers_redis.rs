@@ -158,7 +158,7 @@ async fn route(n: &Node, blocks: Vec<u64>, name: &str) -> (usize, Metadata) {
     };
     let p = place(&n.shared, key, 1).await.expect("routed");
     let replica = p.decision.replicas.head().index();
-    let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, name);
+    let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, name, None);
     let decided = p.decided();
     n.shared
         .hold_load(p.nonce, p.guard, decided, &LeaseInput::default(), None);

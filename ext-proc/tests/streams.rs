@@ -815,3 +815,35 @@ tenants:
         assert_eq!(t.charged_tokens.load(Relaxed), 105);
     }
 }
+
+#[tokio::test]
+async fn the_model_list_is_answered_on_the_routing_stream_without_a_decision() {
+    let rig = rig().await;
+    let (tx, mut replies) = rig.routing().await;
+    tx.send(headers(&[
+        (":path", "/v1/models"),
+        ("x-request-id", "list-1"),
+        (contract::ENDPOINT, contract::ENDPOINT_MODELS),
+    ]))
+    .await
+    .expect("send");
+    let reply = next(&mut replies).await.expect("an answer");
+    let Some(Response::ImmediateResponse(ir)) = reply.response else {
+        panic!("not an immediate answer: {reply:?}");
+    };
+    assert_eq!(ir.status.map(|s| s.code), Some(200));
+    let v: serde_json::Value = serde_json::from_slice(&ir.body).expect("JSON");
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["m1", "chat"]);
+    // Nothing was routed: no load, no lease.
+    assert_eq!((rig.held(), rig.inflight()), (0, 0));
+    // The same stream still routes the next request.
+    tx.send(inference("req-2")).await.expect("send");
+    let next_reply = next(&mut replies).await.expect("decision");
+    assert!(route_tag(&next_reply).is_some());
+}

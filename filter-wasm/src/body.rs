@@ -86,7 +86,7 @@ pub struct NoMemory;
 /// body there.
 pub fn read_in_pieces(
     len: usize,
-    mut read: impl FnMut(usize, usize) -> Option<Vec<u8>>,
+    read: impl FnMut(usize, usize) -> Option<Vec<u8>>,
 ) -> Result<Vec<u8>, NoMemory> {
     let mut buf = Vec::new();
     buf.try_reserve_exact(len).map_err(|_| NoMemory)?;
@@ -97,6 +97,25 @@ pub fn read_in_pieces(
         .try_reserve_exact(len.saturating_mul(EXTRACTION_OVERHEAD))
         .map_err(|_| NoMemory)?;
     drop(headroom);
+    fill(&mut buf, len, read);
+    Ok(buf)
+}
+
+/// Reads `len` body bytes like [`read_in_pieces`], into a buffer with
+/// `slack` bytes to spare, for an edit in place that may lengthen it.
+pub fn read_for_edit(
+    len: usize,
+    slack: usize,
+    read: impl FnMut(usize, usize) -> Option<Vec<u8>>,
+) -> Result<Vec<u8>, NoMemory> {
+    let mut buf = Vec::new();
+    buf.try_reserve_exact(len.saturating_add(slack))
+        .map_err(|_| NoMemory)?;
+    fill(&mut buf, len, read);
+    Ok(buf)
+}
+
+fn fill(buf: &mut Vec<u8>, len: usize, mut read: impl FnMut(usize, usize) -> Option<Vec<u8>>) {
     while buf.len() < len {
         let want = (len - buf.len()).min(PIECE_BYTES);
         let Some(piece) = read(buf.len(), want).filter(|p| !p.is_empty()) else {
@@ -105,7 +124,6 @@ pub fn read_in_pieces(
         // Never past the reservation, whatever the host returns.
         buf.extend_from_slice(piece.get(..want).unwrap_or(&piece));
     }
-    Ok(buf)
 }
 
 #[cfg(test)]

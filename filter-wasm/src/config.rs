@@ -10,6 +10,9 @@ pub struct FilterConfig {
     /// Request paths whose JSON bodies are read. Anything else passes untouched
     /// (internal headers are still stripped).
     pub paths: Vec<String>,
+    /// `GET` path of the model list, which ext-proc answers (none: every
+    /// `GET` goes to a fleet like any request).
+    pub models_path: Option<String>,
     /// Largest body the filter reads; a larger one gets a 413 JSON error. Keep it
     /// at or below the route's `request_body_buffer_limit`.
     pub max_body_bytes: usize,
@@ -32,6 +35,7 @@ impl Default for FilterConfig {
     fn default() -> Self {
         FilterConfig {
             paths: vec!["/v1/chat/completions".into(), "/v1/completions".into()],
+            models_path: Some("/v1/models".into()),
             max_body_bytes: 1 << 20,
             max_buffered_bytes_per_worker: 256 << 20,
             block_bytes: 1024,
@@ -68,6 +72,11 @@ impl FilterConfig {
             if !p.starts_with('/') {
                 return Err(format!("paths[{i}]: '{p}' must start with '/'"));
             }
+        }
+        if let Some(p) = &self.models_path
+            && !p.starts_with('/')
+        {
+            return Err(format!("models_path: '{p}' must start with '/'"));
         }
         if self.max_body_bytes == 0 || self.max_body_bytes > 64 << 20 {
             return Err("max_body_bytes: must be between 1 and 67108864".into());
@@ -136,6 +145,7 @@ mod tests {
             (r#"{"max_blocks": 0}"#, "max_blocks"),
             (r#"{"block_bytes": 10}"#, "block_bytes"),
             (r#"{"paths": ["v1/x"]}"#, "paths[0]"),
+            (r#"{"models_path": "v1/models"}"#, "models_path"),
             (r#"{"tenant_header": "X-Tenant"}"#, "tenant_header"),
             (
                 r#"{"residency_header": "x-fleetroute-residency"}"#,

@@ -30,6 +30,10 @@ pub const BLOCK_TOKENS: &str = "x-fleetroute-block-tokens";
 pub const PROMPT_TOKENS: &str = "x-fleetroute-prompt-tokens";
 pub const MAX_TOKENS: &str = "x-fleetroute-max-tokens";
 pub const STREAM: &str = "x-fleetroute-stream";
+/// What the request asks of the router itself rather than of a model: set to
+/// [`ENDPOINT_MODELS`] on `GET /v1/models`, which ext-proc answers.
+pub const ENDPOINT: &str = "x-fleetroute-endpoint";
+pub const ENDPOINT_MODELS: &str = "models";
 
 // Written by ext-proc.
 /// The route's `cluster_header`: the fleet (Envoy cluster) chosen.
@@ -39,6 +43,15 @@ pub const CLUSTER: &str = "x-fleetroute-cluster";
 pub const ROUTE: &str = "x-fleetroute-route";
 /// The route's mirror `cluster_header`: a shadow fleet, when one is sampled.
 pub const SHADOW: &str = "x-fleetroute-shadow";
+/// The name the chosen fleet serves the requested model under, set only when
+/// it differs from the request's: the filter's rename root (placed after
+/// ext_proc) writes it into the body and the client's name back into the
+/// response, and removes the header.
+pub const SERVED_MODEL: &str = "x-fleetroute-served-model";
+
+/// `root_id` of the filter's second root, which renames the model; the
+/// first root (any other id) reads the request.
+pub const RENAME_ROOT_ID: &str = "fleetroute_rename";
 
 // Reserved response header, stripped by the filter before the client.
 pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
@@ -57,9 +70,11 @@ pub const REQUEST_HEADERS: &[&str] = &[
     PROMPT_TOKENS,
     MAX_TOKENS,
     STREAM,
+    ENDPOINT,
     CLUSTER,
     ROUTE,
     SHADOW,
+    SERVED_MODEL,
 ];
 
 /// Where the sampling key came from.

@@ -6,7 +6,7 @@
 use crate::config::FilterConfig;
 use crate::contract;
 use crate::extract::{model, tenant};
-use crate::http::{LocalReply, check_size, is_reserved_header, wants_body};
+use crate::http::{LocalReply, check_size, is_models_list, is_reserved_header, wants_body};
 
 /// Counters the header phase moves (`wasmcustom.fleetroute_filter.*`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +72,10 @@ pub fn on_request_headers(
     }
     let method = host.header(":method").unwrap_or_default();
     let path = host.header(":path").unwrap_or_default();
+    if is_models_list(cfg, &method, &path) {
+        // ext-proc answers it from its model list (Envoy's route, when it is down).
+        host.set_header(contract::ENDPOINT, Some(contract::ENDPOINT_MODELS));
+    }
     if end_of_stream || !wants_body(cfg, &method, &path) {
         host.count(Counter::PassedUntouched);
         return Next::Continue;
@@ -277,6 +281,30 @@ mod tests {
         }
         let mut h = FakeHost::request("POST", "/v1/chat/completions?x=1", &[]);
         assert_eq!(on_request_headers(&mut h, &cfg, false), Next::ReadBody);
+    }
+
+    #[test]
+    fn only_a_get_of_the_model_list_is_marked_for_ext_proc() {
+        let cfg = FilterConfig::default();
+        for (method, path, marked) in [
+            ("GET", "/v1/models", true),
+            ("GET", "/v1/models?limit=5", true),
+            ("POST", "/v1/models", false),
+            ("GET", "/v1/models/m1", false),
+            ("GET", "/v1/modelsx", false),
+        ] {
+            let mut h = FakeHost::request(method, path, &[(contract::ENDPOINT, "forged")]);
+            on_request_headers(&mut h, &cfg, true);
+            let want = marked.then_some(contract::ENDPOINT_MODELS);
+            assert_eq!(h.get(contract::ENDPOINT), want, "{method} {path}");
+        }
+        let off = FilterConfig {
+            models_path: None,
+            ..FilterConfig::default()
+        };
+        let mut h = FakeHost::request("GET", "/v1/models", &[]);
+        on_request_headers(&mut h, &off, true);
+        assert_eq!(h.get(contract::ENDPOINT), None);
     }
 
     #[test]

@@ -1,5 +1,7 @@
-//! The only file that talks to the proxy-wasm host: it moves headers and body
-//! bytes between Envoy and the plain-Rust logic in the rest of the crate.
+//! With `host_rename`, the only code that talks to the proxy-wasm host: it
+//! moves headers and body bytes between Envoy and the plain-Rust logic in the
+//! rest of the crate. One module, two roots: the request reader (this file)
+//! and, by `root_id`, the model rename after ext_proc (`host_rename`).
 
 use std::rc::Rc;
 
@@ -12,6 +14,7 @@ use crate::config::FilterConfig;
 use crate::contract::{self, ParseStatus};
 use crate::extract::extract;
 use crate::headers::{Counter, HeaderHost, Next, on_request_headers};
+use crate::host_rename;
 use crate::http::{LocalReply, check_size};
 use crate::response::UsageScanner;
 
@@ -65,6 +68,8 @@ struct Shared {
 #[derive(Default)]
 struct Root {
     shared: Option<Rc<Shared>>,
+    /// Set instead when this root is the rename root.
+    rename: Option<Rc<host_rename::Shared>>,
 }
 
 impl Context for Root {}
@@ -72,6 +77,13 @@ impl Context for Root {}
 impl RootContext for Root {
     fn on_configure(&mut self, _size: usize) -> bool {
         let raw = self.get_plugin_configuration().unwrap_or_default();
+        let root_id = self
+            .get_property(vec!["plugin_root_id"])
+            .unwrap_or_default();
+        if root_id == contract::RENAME_ROOT_ID.as_bytes() {
+            self.rename = host_rename::configure(&raw);
+            return self.rename.is_some();
+        }
         let cfg = match FilterConfig::parse(&raw) {
             Ok(cfg) => cfg,
             Err(e) => {
@@ -102,6 +114,9 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        if let Some(r) = &self.rename {
+            return Some(host_rename::context(r.clone()));
+        }
         let shared = self.shared.clone()?;
         Some(Box::new(Request {
             shared,

@@ -20,6 +20,12 @@ pub fn wants_body(cfg: &FilterConfig, method: &str, path: &str) -> bool {
     method.eq_ignore_ascii_case("POST") && cfg.paths.iter().any(|p| p == path)
 }
 
+/// Whether a request asks for the model list (answered by ext-proc).
+pub fn is_models_list(cfg: &FilterConfig, method: &str, path: &str) -> bool {
+    let path = path.split(['?', '#']).next().unwrap_or(path);
+    method.eq_ignore_ascii_case("GET") && cfg.models_path.as_deref() == Some(path)
+}
+
 /// A reply the filter sends without going upstream.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalReply {

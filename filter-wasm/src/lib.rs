@@ -29,7 +29,10 @@ pub mod contract;
 pub mod extract;
 pub mod headers;
 pub mod http;
+pub mod rename;
 pub mod response;
 
 #[cfg(target_arch = "wasm32")]
 mod host;
+#[cfg(target_arch = "wasm32")]
+mod host_rename;

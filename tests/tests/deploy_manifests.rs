@@ -360,6 +360,38 @@ fn every_manifest_has_the_fields_its_kind_needs() {
     }
 }
 
+/// Every list of headers a route removes before upstream (any list that
+/// removes `x-fleetroute-cluster`) removes every internal request header of
+/// the wire contract, but the shadow header a mirror policy still reads.
+#[test]
+fn every_route_removes_every_internal_header() {
+    fn lists<'a>(v: &'a Value, out: &mut Vec<&'a Vec<Value>>) {
+        match v {
+            Value::Array(items) => {
+                if items.iter().any(|x| x == "x-fleetroute-cluster") {
+                    out.push(items);
+                }
+                items.iter().for_each(|x| lists(x, out));
+            }
+            Value::Object(m) => m.values().for_each(|x| lists(x, out)),
+            _ => {}
+        }
+    }
+    let docs = manifests("");
+    let mut found = Vec::new();
+    for d in &docs {
+        lists(&d.v, &mut found);
+    }
+    assert!(found.len() >= 6, "only {} header lists found", found.len());
+    for l in found {
+        for h in fleetroute_filter::contract::REQUEST_HEADERS {
+            if *h != fleetroute_filter::contract::SHADOW {
+                assert!(l.iter().any(|x| x == h), "{h} reaches a replica: {l:?}");
+            }
+        }
+    }
+}
+
 /// The router config the ConfigMap ships, through fleetroute's loader.
 fn shipped_router(docs: &[Doc]) -> (RouterConfig, String) {
     let cm = find(docs, "ConfigMap", "fleetroute-config");
@@ -879,7 +911,8 @@ fn the_istio_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         assert!(pos(true) < pos(false), "fleet {fleet}");
     }
 
-    // The Wasm filter comes before the ext_proc, and both before the router.
+    // The Wasm filter comes before the ext_proc, the rename root after it
+    // (it reads what the ext_proc sets), and all before the router.
     let order: Vec<&str> = hcm["http_filters"]
         .as_array()
         .unwrap()
@@ -891,15 +924,33 @@ fn the_istio_fragments_validate_in_envoy_and_name_the_shipped_fleets() {
         [
             "fleetroute.wasm",
             "fleetroute.ext_proc",
+            "fleetroute.rename",
             "envoy.filters.http.router"
         ]
     );
+    assert_eq!(wasm_filters.len(), 2);
+    let (reader, rename) = (&wasm_filters[0], &wasm_filters[1]);
+    assert_eq!(
+        text(rename, "/typed_config/config/root_id"),
+        fleetroute_filter::contract::RENAME_ROOT_ID
+    );
+    assert_eq!(
+        at(rename, "/typed_config/config/vm_config"),
+        at(reader, "/typed_config/config/vm_config"),
+        "both roots share the module and its VM"
+    );
+    assert_eq!(
+        at(
+            rename,
+            "/typed_config/config/allow_on_headers_stop_iteration"
+        ),
+        &json!(true)
+    );
     // The WasmPlugin (kept for later) carries the same filter configuration.
-    assert_eq!(wasm_filters.len(), 1);
     let plugin = of_kind(&istio, "WasmPlugin")[0];
     let plugin_cfg = FilterConfig::parse(at(plugin, "/spec/pluginConfig").to_string().as_bytes())
         .unwrap_or_else(|e| panic!("WasmPlugin pluginConfig: {e}"));
-    assert_eq!(plugin_cfg, wasm_plugin_config(&wasm_filters[0]));
+    assert_eq!(plugin_cfg, wasm_plugin_config(reader));
 
     let boot = bootstrap(
         hcm,

@@ -7,16 +7,15 @@ use std::process::ExitCode;
 use crate::bootstrap::{BootstrapOptions, TEMPLATE, render};
 use crate::config::RouterConfig;
 
-fn load(file: &Path) -> Result<RouterConfig, ExitCode> {
-    RouterConfig::load(file).map_err(|e| {
-        eprintln!("{}: invalid router config\n{e}", file.display());
-        ExitCode::from(1)
-    })
+fn invalid(file: &Path, e: impl std::fmt::Display) -> ExitCode {
+    eprintln!("{}: invalid router config\n{e}", file.display());
+    ExitCode::from(1)
 }
 
-/// Validates a router config; prints every error with its field path.
+/// Validates a router config, the fleets' keys read as `serve` reads them;
+/// prints every error with its field path.
 pub fn check_config(file: &Path) -> ExitCode {
-    match load(file) {
+    match RouterConfig::load_valid(file).map_err(|e| invalid(file, e)) {
         Ok(cfg) => {
             println!(
                 "{}: ok ({} fleets, {} stages)",
@@ -31,8 +30,9 @@ pub fn check_config(file: &Path) -> ExitCode {
 }
 
 /// Prints the Envoy bootstrap for a router config; `wasm` is made absolute.
+/// The fleets' keys are not read: Envoy's config holds none.
 pub fn bootstrap(config: &Path, wasm: &Path, mut opts: BootstrapOptions) -> ExitCode {
-    let cfg = match load(config) {
+    let cfg = match RouterConfig::load(config).map_err(|e| invalid(config, e)) {
         Ok(c) => c,
         Err(code) => return code,
     };

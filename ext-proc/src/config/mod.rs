@@ -1,11 +1,14 @@
 //! Loading and validating the router config. Every error names its field path,
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
+mod credentials;
 mod defaults;
 mod envoy;
 mod model;
+pub mod model_list;
 mod routing;
 mod source;
+mod stage_fleet;
 mod tenants;
 mod valid;
 mod validate;
@@ -13,11 +16,13 @@ mod validate;
 use std::fmt;
 use std::path::Path;
 
+pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use model::*;
 pub use routing::*;
 pub use source::*;
+pub use stage_fleet::StageFleet;
 pub use tenants::*;
 pub use valid::{ValidConfig, validate};
 pub use validate::check_tenant_id;
@@ -90,16 +95,23 @@ fn yaml_error(e: &yaml_serde::Error) -> ConfigError {
 }
 
 impl RouterConfig {
-    /// Parses and validates YAML text.
+    /// Parses and validates YAML text, without reading the fleets' keys
+    /// (the config alone does not hold them: `fleetroute bootstrap` needs no
+    /// key where it renders).
     pub fn parse(text: &str) -> Result<Self, ConfigErrors> {
-        Self::parse_valid(text).map(ValidConfig::into_inner)
+        let cfg = Self::parse_unchecked(text)?;
+        cfg.check()?;
+        Ok(cfg)
     }
 
-    /// Parses YAML text into a config only the validator can vouch for.
+    /// Parses YAML text into a config only the validator can vouch for, with
+    /// the fleets' keys read.
     pub fn parse_valid(text: &str) -> Result<ValidConfig, ConfigErrors> {
-        let cfg: RouterConfig =
-            yaml_serde::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))?;
-        validate(cfg)
+        validate(Self::parse_unchecked(text)?)
+    }
+
+    fn parse_unchecked(text: &str) -> Result<Self, ConfigErrors> {
+        yaml_serde::from_str(text).map_err(|e| ConfigErrors(vec![yaml_error(&e)]))
     }
 
     /// Validates a config built or edited in code.
@@ -112,18 +124,22 @@ impl RouterConfig {
         }
     }
 
+    /// Reads and validates a config file, without reading the fleets' keys.
     pub fn load(path: &Path) -> Result<Self, ConfigErrors> {
-        Self::load_valid(path).map(ValidConfig::into_inner)
+        Self::parse(&Self::read(path)?)
     }
 
-    /// Reads and validates a config file.
+    /// Reads and validates a config file, the fleets' keys included.
     pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigErrors> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        Self::parse_valid(&Self::read(path)?)
+    }
+
+    fn read(path: &Path) -> Result<String, ConfigErrors> {
+        std::fs::read_to_string(path).map_err(|e| {
             ConfigErrors(vec![ConfigError {
                 path: String::new(),
                 message: format!("cannot read {}: {e}", path.display()),
             }])
-        })?;
-        Self::parse_valid(&text)
+        })
     }
 }

@@ -135,6 +135,10 @@ pub struct FleetConfig {
     pub hosts: Option<Bounds>,
     #[serde(default)]
     pub scaling: ScalingConfig,
+    /// The fleet's own API key (an external provider): it replaces the
+    /// client's `Authorization` on requests routed here.
+    #[serde(default)]
+    pub credentials: Option<super::CredentialsConfig>,
 }
 
 /// Per-replica targets the autoscaling signal scales to.
@@ -192,7 +196,9 @@ pub struct StageConfig {
     pub name: String,
     #[serde(default)]
     pub models: Vec<String>,
-    pub fleets: Vec<String>,
+    /// Fleet names; `{ name, model }` for a fleet that serves the model
+    /// under another name.
+    pub fleets: Vec<super::StageFleet>,
     /// Regions the stage may never leave; absent = every fleet's region.
     #[serde(default)]
     pub residency: Option<OneOrMany>,
@@ -210,6 +216,17 @@ pub struct StageConfig {
     pub warmup: Option<WarmupConfig>,
     #[serde(default)]
     pub experiment: ExperimentConfig,
+}
+
+impl StageConfig {
+    /// The names of the stage's fleets, in order.
+    pub fn fleet_names(&self) -> impl Iterator<Item = &String> {
+        self.fleets.iter().map(|f| &f.name)
+    }
+
+    pub fn has_fleet(&self, name: &str) -> bool {
+        self.fleets.iter().any(|f| f.name == name)
+    }
 }
 
 /// Experiments on a stage's traffic, chosen deterministically by sampling key.

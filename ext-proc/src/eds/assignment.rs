@@ -68,7 +68,7 @@ pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
             })
         };
         let mut endpoints = Vec::new();
-        for l in fail_open::plan_with(stage, count) {
+        for l in fail_open::plan_with(&snap.config, stage, count) {
             let Some(f) = snap.topo.fleet_index(&l.fleet) else {
                 continue;
             };

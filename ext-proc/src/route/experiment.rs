@@ -44,8 +44,20 @@ pub fn ab(stage: &Stage, candidates: &Candidates, chosen: Candidate, key: u64) -
 /// The shadow fleet this request is mirrored to, if it is sampled, the
 /// shadow fleet has a ready replica, and its region is inside the request's
 /// residency (the stage's residency is checked when the config is loaded).
-pub fn shadow(stage: &Stage, snap: &Snapshot, key: &RouteKey<'_>) -> Option<FleetId> {
+/// A mirror is a copy of the request as it goes to `primary`: never of one
+/// that carries the primary fleet's own key, nor under a model name the
+/// shadow fleet would not serve.
+pub fn shadow(
+    stage: &Stage,
+    snap: &Snapshot,
+    key: &RouteKey<'_>,
+    primary: FleetId,
+) -> Option<FleetId> {
     let (fleet, percent) = stage.experiment.shadow?;
+    let name = |f| stage.served_as(f).or(key.model);
+    if snap.topo.fleets[primary].key.is_some() || name(primary) != name(fleet) {
+        return None;
+    }
     let sampled = unit(key.key, SHADOW_SEED) * 100.0 < percent;
     let region = &snap.topo.fleets[fleet].region;
     let resident = key

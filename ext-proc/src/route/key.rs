@@ -29,6 +29,8 @@ pub struct RouteKey<'a> {
     /// The tenant the filter found (its header value or a hash of the key),
     /// truncated like the request id; empty when none.
     pub tenant: &'a str,
+    /// `GET /v1/models`: answered with the model list, not routed.
+    pub list_models: bool,
 }
 
 /// A header's value as Envoy sends it.
@@ -66,6 +68,7 @@ impl<'a> RouteKey<'a> {
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
                 contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
                 contract::TENANT => k.tenant = truncate_id(v),
+                contract::ENDPOINT => k.list_models = v == contract::ENDPOINT_MODELS,
                 _ => {}
             }
         }

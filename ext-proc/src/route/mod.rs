@@ -13,6 +13,9 @@ pub mod rendezvous;
 pub mod replica;
 pub mod stage;
 
+#[cfg(test)]
+mod per_fleet_tests;
+
 use crate::state::Snapshot;
 use crate::topology::{FleetId, NonEmpty, ReplicaId, StageId};
 use key::RouteKey;
@@ -175,7 +178,7 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
         queued_tokens: choice.queued_tokens,
         arm,
-        shadow: experiment::shadow(stage, snap, key),
+        shadow: experiment::shadow(stage, snap, key, cf.fleet),
         sampling_key: key.conversation(),
     })
 }

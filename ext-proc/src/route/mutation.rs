@@ -1,6 +1,7 @@
 //! A decision as Envoy needs it: the cluster header for the route, the host
-//! list for the override-host policy, and the tag the access log carries back.
-//! Or a rejection as an immediate JSON response.
+//! list for the override-host policy, the tag the access log carries back,
+//! and for some fleets the model's own name and the fleet's own key. Or a
+//! rejection, or the model list, as an immediate JSON response.
 
 use std::collections::HashMap;
 
@@ -17,11 +18,20 @@ use fleetroute_filter::contract::{self, RouteTag};
 use super::{Decision, Reject};
 use crate::topology::Topology;
 
+/// Client headers that may carry the client's own credentials: a fleet with
+/// its own key never sees them (its key goes in `authorization`).
+pub const CLIENT_CREDENTIAL_HEADERS: &[&str] =
+    &["proxy-authorization", "x-api-key", "api-key", "cookie"];
+
 fn header(key: &str, value: String) -> HeaderValueOption {
+    raw_header(key, value.into_bytes())
+}
+
+fn raw_header(key: &str, raw_value: Vec<u8>) -> HeaderValueOption {
     HeaderValueOption {
         header: Some(HeaderValue {
             key: key.to_string(),
-            raw_value: value.into_bytes(),
+            raw_value,
             ..Default::default()
         }),
         // OVERWRITE_IF_EXISTS_OR_ADD
@@ -37,8 +47,15 @@ fn string_value(s: String) -> Value {
 }
 
 /// The reply that routes the request; `instance` names this fleetroute
-/// instance, so the access log entry finds its way back to it.
-pub fn route(topo: &Topology, d: &Decision, nonce: u64, instance: &str) -> ProcessingResponse {
+/// instance, so the access log entry finds its way back to it; `requested`
+/// is the model the client named.
+pub fn route(
+    topo: &Topology,
+    d: &Decision,
+    nonce: u64,
+    instance: &str,
+    requested: Option<&str>,
+) -> ProcessingResponse {
     let fleet = &topo.fleets[d.fleet];
     let hosts: Vec<&str> = d
         .replicas
@@ -91,16 +108,29 @@ pub fn route(topo: &Topology, d: &Decision, nonce: u64, instance: &str) -> Proce
         ]),
     };
     let mut set_headers = vec![header(contract::CLUSTER, fleet.name.clone())];
+    let mut remove_headers = Vec::new();
     if let Some(s) = d.shadow {
         // The route mirrors to the cluster this header names.
         set_headers.push(header(contract::SHADOW, topo.fleets[s].name.clone()));
+    }
+    let served = topo.stages[d.stage].served_as(d.fleet);
+    if let (Some(served), Some(asked)) = (served, requested)
+        && served != asked
+    {
+        // The filter's rename root writes it into the body, after this reply.
+        set_headers.push(header(contract::SERVED_MODEL, served.to_string()));
+    }
+    if let Some(key) = &fleet.key {
+        // Replaces the client's; Envoy's default mutation rules allow it.
+        set_headers.push(raw_header("authorization", key.authorization().to_vec()));
+        remove_headers.extend(CLIENT_CREDENTIAL_HEADERS.iter().map(|h| h.to_string()));
     }
     ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
                     set_headers,
-                    remove_headers: Vec::new(),
+                    remove_headers,
                 }),
                 // The route's cluster_header changed: Envoy must match again.
                 clear_route_cache: true,
@@ -108,6 +138,24 @@ pub fn route(topo: &Topology, d: &Decision, nonce: u64, instance: &str) -> Proce
             }),
         })),
         dynamic_metadata: Some(metadata),
+        ..Default::default()
+    }
+}
+
+/// The answer to `GET /v1/models`: the topology's list, built when the
+/// config was loaded (no JSON is made or read per request).
+pub fn model_list(topo: &Topology) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Response::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus { code: 200 }),
+            headers: Some(HeaderMutation {
+                set_headers: vec![header("content-type", "application/json".into())],
+                remove_headers: Vec::new(),
+            }),
+            body: topo.model_list.clone(),
+            details: "fleetroute_model_list".into(),
+            ..Default::default()
+        })),
         ..Default::default()
     }
 }

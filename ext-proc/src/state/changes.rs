@@ -123,7 +123,7 @@ impl Writer {
                         st.routing.policy().name()
                     )));
                 };
-                if !st.fleets.contains(&fleet) {
+                if !st.fleets.iter().any(|f| f.name == fleet) {
                     return Err(ChangeError::Unknown(format!(
                         "fleet '{fleet}' is not in stage '{stage}'"
                     )));
@@ -131,7 +131,7 @@ impl Writer {
                 let weights = &mut w.weights;
                 let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
                 // Unlisted fleets weigh 1; with every weight 0 nothing routes.
-                if st.fleets.iter().all(|f| weights.get(f) == Some(&0.0)) {
+                if st.fleets.iter().all(|f| weights.get(&f.name) == Some(&0.0)) {
                     return Err(ChangeError::Conflict(format!(
                         "stage '{stage}' would have no fleet with a weight above 0"
                     )));

@@ -8,7 +8,7 @@ use futures::future::join_all;
 
 use super::{Event, Shared};
 use crate::config::HealthCheckConfig;
-use crate::topology::FleetId;
+use crate::topology::{Fleet, FleetId};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -66,6 +66,15 @@ fn http_client() -> reqwest::Client {
         .expect("http client")
 }
 
+/// A request of the router's own (probe, golden prompt, scrape) to a fleet
+/// with its own key carries that key, as routed requests do.
+pub fn with_key(req: reqwest::RequestBuilder, fleet: &Fleet) -> reqwest::RequestBuilder {
+    match &fleet.key {
+        Some(k) => req.header("authorization", k.authorization()),
+        None => req,
+    }
+}
+
 /// Probes every replica of the current topology each interval, forever.
 pub async fn run_checks(shared: Arc<Shared>) {
     let client = http_client();
@@ -78,10 +87,11 @@ pub async fn run_checks(shared: Arc<Shared>) {
             let f = FleetId(f);
             for (r, replica) in fleet.replicas.iter() {
                 let url = format!("http://{}{}", replica.addr, cfg.path);
-                let client = &client;
+                // A provider may want its key on every path, probes included.
+                let req = with_key(client.get(&url).timeout(timeout), fleet);
                 probes.push(async move {
                     let ok = matches!(
-                        client.get(&url).timeout(timeout).send().await,
+                        req.send().await,
                         Ok(resp) if resp.status().is_success()
                     );
                     (f, r, ok)
@@ -119,18 +129,24 @@ pub async fn run_warmups(shared: Arc<Shared>) {
                 if st.health != Health::Healthy || st.warm || st.leaving {
                     continue;
                 }
+                // Each stage's prompts under the name this fleet serves its model by.
                 let stages: Vec<_> = snap
                     .topo
                     .stages_of(f)
-                    .filter_map(|s| s.warmup.clone())
+                    .filter_map(|s| Some((s.warmup.clone()?, s.served_as(f).map(str::to_string))))
                     .collect();
                 let client = &client;
                 let addr = replica.addr.clone();
                 let name = fleet.name.clone();
                 warmups.push(async move {
                     let mut ok = true;
-                    for w in &stages {
-                        if let Err(e) = super::warmup::check(client, &addr, w).await {
+                    for (w, served) in &stages {
+                        let to = super::warmup::Target {
+                            addr: &addr,
+                            served: served.as_deref(),
+                            fleet,
+                        };
+                        if let Err(e) = super::warmup::check(client, &to, w).await {
                             tracing::warn!(fleet = %name, replica = %addr, "warmup failed, replica stays out: {e}");
                             ok = false;
                             break;

@@ -73,7 +73,7 @@ pub(super) fn static_members(f: &FleetConfig) -> Vec<Member> {
 pub(super) fn warms_up(cfg: &RouterConfig, fleet: &str) -> bool {
     cfg.stages
         .iter()
-        .any(|s| s.warmup.is_some() && s.fleets.iter().any(|f| f == fleet))
+        .any(|s| s.warmup.is_some() && s.fleet_names().any(|f| f == fleet))
 }
 
 /// One fleet's change, applied to its model and returned as its new slots.

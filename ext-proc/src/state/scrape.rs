@@ -65,14 +65,14 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
             .topo
             .fleets
             .iter()
-            .flat_map(|f| f.replicas.values())
-            .map(|r| {
+            .flat_map(|f| f.replicas.values().map(move |r| (f, r)))
+            .map(|(f, r)| {
                 let url = format!("http://{}{}", r.addr, cfg.path);
-                let client = &client;
+                let req = super::health::with_key(client.get(&url).timeout(timeout), f);
                 let load = r.load.clone();
                 let shared = &shared;
                 async move {
-                    let Ok(resp) = client.get(&url).timeout(timeout).send().await else {
+                    let Ok(resp) = req.send().await else {
                         return;
                     };
                     if !resp.status().is_success() {

@@ -5,16 +5,36 @@
 use std::time::Duration;
 
 use crate::config::WarmupConfig;
+use crate::topology::Fleet;
+
+/// The replica a warmup runs against.
+pub struct Target<'a> {
+    pub addr: &'a str,
+    /// The name its fleet serves the stage's model under, if its own: the
+    /// golden prompts' `model` is replaced by it, as the filter renames
+    /// routed requests.
+    pub served: Option<&'a str>,
+    pub fleet: &'a Fleet,
+}
 
 /// Runs every golden prompt against one replica; `Err` says which failed.
-pub async fn check(client: &reqwest::Client, addr: &str, cfg: &WarmupConfig) -> Result<(), String> {
-    let url = format!("http://{addr}{}", cfg.path);
+pub async fn check(
+    client: &reqwest::Client,
+    to: &Target<'_>,
+    cfg: &WarmupConfig,
+) -> Result<(), String> {
+    let url = format!("http://{}{}", to.addr, cfg.path);
     for (i, g) in cfg.prompts.iter().enumerate() {
-        let resp = client
+        let mut body = g.body.clone();
+        if let (Some(name), Some(obj)) = (to.served, body.as_object_mut()) {
+            obj.insert("model".into(), name.into());
+        }
+        let req = client
             .post(&url)
             .header("content-type", "application/json")
-            .body(g.body.to_string())
-            .timeout(Duration::from_millis(cfg.timeout_ms))
+            .body(body.to_string())
+            .timeout(Duration::from_millis(cfg.timeout_ms));
+        let resp = super::health::with_key(req, to.fleet)
             .send()
             .await
             .map_err(|e| format!("golden prompt {i}: {e}"))?;

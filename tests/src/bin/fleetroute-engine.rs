@@ -38,9 +38,25 @@ struct Args {
     /// Accepted model names, comma-separated; empty accepts any.
     #[arg(long, value_delimiter = ',', default_value = "")]
     models: Vec<String>,
+    /// REPLICA=NAME: that replica serves only this model name (404 for
+    /// others, like vLLM's --served-model-name). Repeatable.
+    #[arg(long = "served-model", value_parser = parse_pair)]
+    served_models: Vec<(String, String)>,
+    /// REPLICA=KEY: that replica answers completions only with
+    /// `Authorization: Bearer KEY` (401 otherwise). Repeatable.
+    #[arg(long = "require-api-key", value_parser = parse_pair)]
+    api_keys: Vec<(String, String)>,
     /// Allow non-loopback listen addresses (containers only).
     #[arg(long)]
     any_address: bool,
+}
+
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    let (replica, value) = s.split_once('=').ok_or("expected REPLICA=VALUE")?;
+    if value.is_empty() {
+        return Err("the value after '=' is empty".into());
+    }
+    Ok((replica.to_string(), value.to_string()))
 }
 
 fn parse_replica(s: &str) -> Result<(String, SocketAddr), String> {
@@ -62,6 +78,8 @@ async fn main() -> ExitCode {
         replicas: a.replicas,
         control: a.control,
         any_address: a.any_address,
+        served_models: a.served_models,
+        api_keys: a.api_keys,
         settings: ReplicaSettings {
             block_bytes: a.block_bytes,
             cache_tokens: a.cache_tokens,
@@ -72,6 +90,7 @@ async fn main() -> ExitCode {
             },
             default_max_tokens: a.default_max_tokens,
             models: a.models.into_iter().filter(|m| !m.is_empty()).collect(),
+            api_key: None,
         },
     };
     match run(cfg).await {

@@ -10,7 +10,7 @@ use axum::Extension;
 use axum::Json;
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::header;
+use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use fleetroute_filter::config::BYTES_PER_TOKEN;
@@ -25,17 +25,26 @@ use super::server::Kill;
 pub async fn chat(
     State(rep): State<Arc<Replica>>,
     kill: Option<Extension<Kill>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    complete(rep, Endpoint::Chat, kill.map(|k| k.0), body).await
+    complete(rep, Endpoint::Chat, kill.map(|k| k.0), &headers, body).await
 }
 
 pub async fn completions(
     State(rep): State<Arc<Replica>>,
     kill: Option<Extension<Kill>>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    complete(rep, Endpoint::Completions, kill.map(|k| k.0), body).await
+    complete(
+        rep,
+        Endpoint::Completions,
+        kill.map(|k| k.0),
+        &headers,
+        body,
+    )
+    .await
 }
 
 /// One request, from admission to the last token.
@@ -54,8 +63,15 @@ async fn complete(
     rep: Arc<Replica>,
     endpoint: Endpoint,
     kill: Option<Kill>,
+    headers: &HeaderMap,
     body: Bytes,
 ) -> Response {
+    let authorization = headers
+        .get(header::AUTHORIZATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    if !rep.authorize(authorization.as_deref()) {
+        return ApiError::unauthorized().into_response();
+    }
     let fault = rep.fault();
     if let Some(status) = fault.status {
         return ApiError::injected(status).into_response();

@@ -100,6 +100,7 @@ mod tests {
             prompt_tokens: 900,
             cached_tokens: 512,
             generation_tokens: 48,
+            authorization: Default::default(),
         };
         let text = render(&s);
         assert!(text.contains("# TYPE vllm:num_requests_waiting gauge\n"));

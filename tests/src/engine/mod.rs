@@ -39,6 +39,11 @@ pub struct EngineConfig {
     /// Allow addresses other than loopback (inside a container, where the
     /// container's network is the boundary).
     pub any_address: bool,
+    /// (replica, model): that replica serves only this model name (404 for
+    /// others, as vLLM's `--served-model-name` does).
+    pub served_models: Vec<(String, String)>,
+    /// (replica, key): that replica demands this API key.
+    pub api_keys: Vec<(String, String)>,
 }
 
 impl EngineConfig {
@@ -77,6 +82,16 @@ impl EngineConfig {
             }
             if self.replicas[..i].iter().any(|(n, _)| n == name) {
                 return Err(format!("replica name '{name}' is used twice"));
+            }
+        }
+        for (what, list) in [
+            ("served-model", &self.served_models),
+            ("require-api-key", &self.api_keys),
+        ] {
+            for (name, _) in list {
+                if !self.replicas.iter().any(|(n, _)| n == name) {
+                    return Err(format!("{what}: no replica named '{name}'"));
+                }
             }
         }
         let s = &self.settings;
@@ -124,7 +139,14 @@ impl Engine {
         for (name, addr) in &cfg.replicas {
             let l = bind(*addr, &format!("replica {name}")).await?;
             let bound = l.local_addr().map_err(|e| e.to_string())?;
-            replicas.push(Arc::new(Replica::new(name, bound, cfg.settings.clone())?));
+            let mut settings = cfg.settings.clone();
+            if let Some((_, m)) = cfg.served_models.iter().find(|(n, _)| n == name) {
+                settings.models = vec![m.clone()];
+            }
+            if let Some((_, k)) = cfg.api_keys.iter().find(|(n, _)| n == name) {
+                settings.api_key = Some(k.clone());
+            }
+            replicas.push(Arc::new(Replica::new(name, bound, settings)?));
             listeners.push(l);
         }
         for (rep, l) in replicas.iter().zip(listeners) {

@@ -121,6 +121,16 @@ impl ApiError {
         }
     }
 
+    /// A missing or wrong API key, as OpenAI's API answers it.
+    pub fn unauthorized() -> Self {
+        ApiError {
+            status: StatusCode::UNAUTHORIZED,
+            message: "incorrect API key provided".into(),
+            kind: "invalid_request_error",
+            code: "invalid_api_key",
+        }
+    }
+
     /// The answer of a replica told to fail with `status`.
     pub fn injected(status: u16) -> Self {
         let status = StatusCode::from_u16(status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);

@@ -21,6 +21,9 @@ pub struct ReplicaSettings {
     pub default_max_tokens: u64,
     /// Accepted model names; empty accepts any.
     pub models: Vec<String>,
+    /// Completions need `Authorization: Bearer <key>` (401 otherwise), as an
+    /// external provider's API does.
+    pub api_key: Option<String>,
 }
 
 pub struct Replica {
@@ -37,7 +40,20 @@ pub struct Replica {
     prefill_lane: tokio::sync::Mutex<()>,
     pub fault: watch::Sender<Fault>,
     pub stats: Stats,
+    /// Every `Authorization` a completion request brought, so a test can tell
+    /// whose credentials reached this replica.
+    seen: Mutex<SeenAuth>,
 }
+
+/// Distinct `Authorization` values (at most [`MAX_SEEN`]) and requests without one.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SeenAuth {
+    pub values: Vec<String>,
+    pub without: u64,
+}
+
+/// Distinct values a replica remembers (it is a test tool, not a log).
+pub const MAX_SEEN: usize = 32;
 
 /// Counters and gauges, as the metrics and the control endpoint report them.
 #[derive(Default)]
@@ -67,6 +83,7 @@ pub struct Snapshot {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub generation_tokens: u64,
+    pub authorization: SeenAuth,
 }
 
 /// Holds a batch slot; counts the request as running until dropped.
@@ -104,8 +121,30 @@ impl Replica {
             prefill_lane: tokio::sync::Mutex::new(()),
             fault: watch::Sender::new(Fault::default()),
             stats: Stats::default(),
+            seen: Mutex::new(SeenAuth::default()),
             settings,
         })
+    }
+
+    /// Records what a completion request brought; true when it may proceed.
+    pub fn authorize(&self, authorization: Option<&str>) -> bool {
+        {
+            let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+            match authorization {
+                None => seen.without += 1,
+                Some(v) => {
+                    if !seen.values.iter().any(|s| s == v) && seen.values.len() < MAX_SEEN {
+                        seen.values.push(v.to_string());
+                    }
+                }
+            }
+        }
+        match &self.settings.api_key {
+            None => true,
+            Some(key) => authorization
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .is_some_and(|k| k == key),
+        }
     }
 
     pub fn fault(&self) -> Fault {
@@ -185,6 +224,7 @@ impl Replica {
             prompt_tokens: s.prompt_tokens.load(Relaxed),
             cached_tokens: s.cached_tokens.load(Relaxed),
             generation_tokens: s.generation_tokens.load(Relaxed),
+            authorization: self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone(),
         }
     }
 }

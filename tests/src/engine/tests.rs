@@ -22,6 +22,7 @@ fn settings(max_batch: usize, decode_ms: f64) -> ReplicaSettings {
         },
         default_max_tokens: 4,
         models: vec!["m".into()],
+        api_key: None,
     }
 }
 
@@ -32,12 +33,23 @@ struct Rig {
 
 impl Rig {
     async fn start(names: &[&str], settings: ReplicaSettings) -> Rig {
+        Self::start_with(names, settings, Vec::new(), Vec::new()).await
+    }
+
+    async fn start_with(
+        names: &[&str],
+        settings: ReplicaSettings,
+        served_models: Vec<(String, String)>,
+        api_keys: Vec<(String, String)>,
+    ) -> Rig {
         let any = "127.0.0.1:0".parse().unwrap();
         let cfg = EngineConfig {
             replicas: names.iter().map(|n| (n.to_string(), any)).collect(),
             control: Some(any),
             settings,
             any_address: false,
+            served_models,
+            api_keys,
         };
         let engine = Engine::start(cfg).await.unwrap();
         // No pooling: a fault that drops connections must not leak into the next request.
@@ -514,6 +526,8 @@ async fn configuration_is_checked() {
         control: None,
         settings: settings(1, 0.0),
         any_address: false,
+        served_models: Vec::new(),
+        api_keys: Vec::new(),
     };
     assert!(ok.validate().is_ok());
     let mut public = ok.clone();
@@ -530,4 +544,65 @@ async fn configuration_is_checked() {
     let mut batch = ok;
     batch.settings.latency.max_batch = 0;
     assert!(Engine::start(batch).await.is_err());
+}
+
+#[tokio::test]
+async fn a_replica_may_demand_its_own_name_and_key_and_records_what_it_saw() {
+    let pair = |a: &str, b: &str| vec![(a.to_string(), b.to_string())];
+    let rig = Rig::start_with(
+        &["own", "open"],
+        settings(8, 0.0),
+        pair("own", "provider/m-70b"),
+        pair("own", "sk-own"),
+    )
+    .await;
+    let post = |replica: &str, model: &str, auth: Option<&str>| {
+        let mut r = rig
+            .http
+            .post(rig.url(replica, "/v1/chat/completions"))
+            .json(&json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}));
+        if let Some(a) = auth {
+            r = r.header("authorization", a);
+        }
+        r.send()
+    };
+    assert_eq!(
+        post("own", "provider/m-70b", None).await.unwrap().status(),
+        401
+    );
+    let wrong = post("own", "provider/m-70b", Some("Bearer sk-client"))
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let v: Value = wrong.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    let ok = post("own", "provider/m-70b", Some("Bearer sk-own"))
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let v: Value = ok.json().await.unwrap();
+    assert_eq!(v["model"], "provider/m-70b", "answers under its own name");
+    assert_eq!(
+        post("own", "m", Some("Bearer sk-own"))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    // The other replica keeps the process's settings.
+    assert_eq!(
+        post("open", "m", Some("Bearer sk-client"))
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let seen = &rig.state("own").await["authorization"];
+    assert_eq!(seen["values"], json!(["Bearer sk-client", "Bearer sk-own"]));
+    assert_eq!(seen["without"], 1);
+    assert_eq!(
+        rig.state("open").await["authorization"]["values"],
+        json!(["Bearer sk-client"])
+    );
+    rig.engine.shutdown().await;
 }

@@ -62,8 +62,7 @@ fn shadow(sc: &Scope<'_>, sh: &Shadow, p: &str, e: &mut Errors) {
                 // Without a residency the stage's regions are its fleets' regions.
                 None => sc
                     .stage
-                    .fleets
-                    .iter()
+                    .fleet_names()
                     .any(|f| sc.regions.get(f.as_str()) == Some(region)),
             };
             e.ensure(
@@ -76,6 +75,21 @@ fn shadow(sc: &Scope<'_>, sh: &Shadow, p: &str, e: &mut Errors) {
             );
         }
     }
+    // A mirror carries the primary request's headers: the client's key, or
+    // the primary fleet's. A fleet with its own key never takes mirrors.
+    let credentialed = sc
+        .cfg
+        .fleets
+        .iter()
+        .any(|f| f.name == sh.fleet && f.credentials.is_some());
+    e.ensure(
+        !credentialed,
+        format!("{p}.fleet"),
+        format!(
+            "fleet '{}' has credentials: a mirror would carry another fleet's or the client's Authorization to it",
+            sh.fleet
+        ),
+    );
     e.ensure(
         sh.percent.is_finite() && (0.0..=100.0).contains(&sh.percent),
         format!("{p}.percent"),

@@ -5,6 +5,8 @@
 mod envoy;
 mod experiment;
 mod fleet;
+#[cfg(test)]
+mod per_fleet_tests;
 mod source;
 mod stage;
 mod tenants;

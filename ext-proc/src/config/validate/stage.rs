@@ -69,8 +69,7 @@ fn stage(mut sc: Scope<'_>, e: &mut Errors) {
         // The autoscaling signal keeps every fleet at its minimum: the
         // minimums must fit in the stage's maximum.
         let mins: u32 = s
-            .fleets
-            .iter()
+            .fleet_names()
             .filter_map(|n| sc.cfg.fleets.iter().find(|f| &f.name == n))
             .map(|f| f.hosts.map_or(f.endpoints.len() as u32, |h| h.min))
             .sum();
@@ -106,8 +105,16 @@ fn fleets(sc: &mut Scope<'_>, e: &mut Errors) {
         format!("{p}.residency"),
         "must name at least one region",
     );
-    for (j, name) in sc.stage.fleets.iter().enumerate() {
-        let fp = format!("{p}.fleets[{j}]");
+    for (j, entry) in sc.stage.fleets.iter().enumerate() {
+        let (name, fp) = (&entry.name, format!("{p}.fleets[{j}]"));
+        if let Some(m) = &entry.model {
+            // It travels in a header to the filter, like a client's name.
+            e.ensure(
+                fleetroute_filter::extract::model::model(m).is_some(),
+                format!("{fp}.model"),
+                format!("'{m}' must be 1-256 printable ASCII characters without spaces or '|'"),
+            );
+        }
         if !sc.fleets.insert(name.as_str()) {
             e.push(fp, format!("fleet '{name}' listed twice"));
             continue;
@@ -171,7 +178,7 @@ fn routing(sc: &Scope<'_>, e: &mut Errors) {
         }
     }
     if let RoutingConfig::Cost(_) = sc.stage.routing {
-        for (j, name) in sc.stage.fleets.iter().enumerate() {
+        for (j, name) in sc.stage.fleet_names().enumerate() {
             if let Some(f) = sc.cfg.fleets.iter().find(|f| &f.name == name) {
                 e.ensure(
                     f.cost.is_some(),

@@ -1,0 +1,536 @@
+//! The client's name back into a response, as it streams past: the value of
+//! the top-level `model` of a JSON body, or of every `data:` event of an SSE
+//! stream, becomes the name the client asked for (the first one of each
+//! object: what follows it is not scanned). Chunk boundaries may fall
+//! anywhere; a `model` value cut by one is held back until its end arrives
+//! (at most [`MAX_MODEL_VALUE`] bytes), every other byte passes at once. A
+//! chunk without a change is left alone (no copy). Nested objects, strings
+//! that spell `"model"` and anything the scanner does not understand keep
+//! their bytes.
+
+use memchr::{memchr, memchr3};
+
+use super::{MAX_MODEL_VALUE, json_string};
+
+/// How the body is framed (from the response's `content-type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    /// One JSON object (`application/json`).
+    Json,
+    /// Server-sent events (`text/event-stream`): each `data:` line one object.
+    Sse,
+}
+
+impl Format {
+    pub fn of(content_type: &str) -> Option<Format> {
+        let ct = content_type.trim().to_ascii_lowercase();
+        if ct.starts_with("application/json") {
+            Some(Format::Json)
+        } else if ct.starts_with("text/event-stream") {
+            Some(Format::Sse)
+        } else {
+            None
+        }
+    }
+}
+
+const KEY: &[u8] = b"model";
+const DATA: &[u8] = b"data:";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// SSE: at the start of a line.
+    LineStart,
+    /// SSE: this many bytes of `data:` matched.
+    Prefix(u8),
+    /// SSE: nothing to do until the next line.
+    SkipLine,
+    /// Before the top-level value.
+    Before,
+    /// JSON: past the top-level object (or not one); nothing more to do.
+    Done,
+    /// In the object, expecting a key.
+    Key,
+    /// In a key: how many bytes of `model` it matched (`None`: another key).
+    KeyName {
+        matched: Option<u8>,
+        escaped: bool,
+    },
+    Colon {
+        model: bool,
+    },
+    Value {
+        model: bool,
+    },
+    /// In the model's string value, which is being held back.
+    ModelString {
+        escaped: bool,
+    },
+    /// In another top-level string value.
+    Str {
+        escaped: bool,
+    },
+    /// In a nested object or array.
+    Nested {
+        depth: u32,
+        in_string: bool,
+        escaped: bool,
+    },
+    Scalar,
+    AfterValue,
+}
+
+/// Rewrites one response body.
+#[derive(Debug)]
+pub struct ModelRewriter {
+    format: Format,
+    /// The client's name, as a JSON string.
+    replacement: Vec<u8>,
+    state: State,
+    /// The start of a model value that began in an earlier chunk, not yet
+    /// passed on.
+    held: Vec<u8>,
+    /// Values rewritten so far.
+    pub renamed: u64,
+}
+
+/// What to pass on for a chunk.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Emit {
+    /// The chunk as it is.
+    Same,
+    /// These bytes instead.
+    Bytes(Vec<u8>),
+}
+
+/// The output of one chunk, built only once something differs.
+struct Out<'c> {
+    chunk: &'c [u8],
+    /// `chunk[..copied]` is in `buf` already (or, with no `buf`, unchanged).
+    copied: usize,
+    buf: Option<Vec<u8>>,
+}
+
+impl Out<'_> {
+    /// The chunk up to `to` as it is, then `extra`; `chunk[to..skip_to]` dropped.
+    fn splice(&mut self, to: usize, extra: &[u8], skip_to: usize) {
+        let chunk = self.chunk;
+        let buf = self
+            .buf
+            .get_or_insert_with(|| Vec::with_capacity(chunk.len() + MAX_MODEL_VALUE));
+        buf.extend_from_slice(chunk.get(self.copied..to).unwrap_or_default());
+        buf.extend_from_slice(extra);
+        self.copied = skip_to;
+    }
+
+    fn finish(self) -> Emit {
+        match self.buf {
+            None => Emit::Same,
+            Some(mut buf) => {
+                buf.extend_from_slice(self.chunk.get(self.copied..).unwrap_or_default());
+                Emit::Bytes(buf)
+            }
+        }
+    }
+}
+
+fn is_ws(b: u8) -> bool {
+    matches!(b, b' ' | b'\t' | b'\r' | b'\n')
+}
+
+impl ModelRewriter {
+    /// `client_model` is the name the client asked for.
+    pub fn new(format: Format, client_model: &str) -> Self {
+        ModelRewriter {
+            format,
+            replacement: json_string(client_model),
+            state: match format {
+                Format::Json => State::Before,
+                Format::Sse => State::LineStart,
+            },
+            held: Vec::new(),
+            renamed: 0,
+        }
+    }
+
+    /// Bytes kept between chunks: at most [`MAX_MODEL_VALUE`].
+    pub fn retained(&self) -> usize {
+        self.held.len()
+    }
+
+    /// Where the top-level object ended (or turned out not to be one).
+    fn past_object(&self) -> State {
+        match self.format {
+            Format::Json => State::Done,
+            Format::Sse => State::SkipLine,
+        }
+    }
+
+    /// A held model value turns out not to be one: its bytes go out as they
+    /// came, before the rest of the chunk.
+    fn release(&mut self, out: &mut Out<'_>, value_at: usize) {
+        if !self.held.is_empty() {
+            out.splice(value_at, &self.held, value_at);
+            self.held.clear();
+        }
+    }
+
+    /// Skips string bytes from `i` to the next quote, backslash or newline:
+    /// `Some((k, byte))` where one is, `None` when the chunk ends first.
+    fn string_stop(chunk: &[u8], i: usize) -> Option<(usize, u8)> {
+        let rest = chunk.get(i..).unwrap_or_default();
+        let k = i + memchr3(b'"', b'\\', b'\n', rest)?;
+        chunk.get(k).map(|&b| (k, b))
+    }
+
+    /// The next chunk; `end` on the last one (held bytes then go out).
+    pub fn push(&mut self, chunk: &[u8], end: bool) -> Emit {
+        if self.state == State::Done && self.held.is_empty() {
+            return Emit::Same;
+        }
+        let mut out = Out {
+            chunk,
+            copied: 0,
+            buf: None,
+        };
+        // Where the model value being held starts in this chunk (0: earlier).
+        let mut value_at = 0;
+        let mut i = 0;
+        while let Some(&b) = chunk.get(i) {
+            if b == b'\n' && !matches!(self.state, State::LineStart | State::SkipLine) {
+                match self.format {
+                    // An event's line ended before its object did: next line.
+                    Format::Sse => {
+                        self.release(&mut out, value_at);
+                        self.state = State::LineStart;
+                        i += 1;
+                        continue;
+                    }
+                    // A newline inside a string: not JSON, stop here.
+                    Format::Json
+                        if matches!(
+                            self.state,
+                            State::ModelString { .. }
+                                | State::Str { .. }
+                                | State::KeyName { .. }
+                                | State::Nested {
+                                    in_string: true,
+                                    ..
+                                }
+                        ) =>
+                    {
+                        self.release(&mut out, value_at);
+                        self.state = State::Done;
+                        continue;
+                    }
+                    Format::Json => {}
+                }
+            }
+            match self.state {
+                State::Done => break,
+                State::LineStart => {
+                    self.state = match b {
+                        b'd' => State::Prefix(1),
+                        b'\n' => State::LineStart,
+                        _ => State::SkipLine,
+                    };
+                    i += 1;
+                }
+                State::Prefix(n) => {
+                    let n = usize::from(n);
+                    self.state = if DATA.get(n) != Some(&b) {
+                        State::SkipLine
+                    } else if n + 1 == DATA.len() {
+                        State::Before
+                    } else {
+                        State::Prefix(n as u8 + 1)
+                    };
+                    i += 1;
+                }
+                State::SkipLine => match memchr(b'\n', chunk.get(i..).unwrap_or_default()) {
+                    Some(k) => {
+                        i += k + 1;
+                        self.state = State::LineStart;
+                    }
+                    None => break,
+                },
+                State::Before => {
+                    i += 1;
+                    if b == b'{' {
+                        self.state = State::Key;
+                    } else if !is_ws(b) {
+                        self.state = self.past_object();
+                    }
+                }
+                State::Key => {
+                    i += 1;
+                    if b == b'"' {
+                        self.state = State::KeyName {
+                            matched: Some(0),
+                            escaped: false,
+                        };
+                    } else if !is_ws(b) {
+                        self.state = self.past_object();
+                    }
+                }
+                State::KeyName { matched, escaped } => {
+                    i += 1;
+                    self.state = match b {
+                        // An escape makes it some other key (engines write keys plainly).
+                        _ if escaped => State::KeyName {
+                            matched: None,
+                            escaped: false,
+                        },
+                        b'\\' => State::KeyName {
+                            matched: None,
+                            escaped: true,
+                        },
+                        b'"' => State::Colon {
+                            model: matched == Some(KEY.len() as u8),
+                        },
+                        _ => State::KeyName {
+                            matched: matched
+                                .filter(|&n| KEY.get(usize::from(n)) == Some(&b))
+                                .map(|n| n + 1),
+                            escaped: false,
+                        },
+                    };
+                }
+                State::Colon { model } => {
+                    i += 1;
+                    if b == b':' {
+                        self.state = State::Value { model };
+                    } else if !is_ws(b) {
+                        self.state = self.past_object();
+                    }
+                }
+                State::Value { model } => {
+                    if is_ws(b) {
+                        i += 1;
+                        continue;
+                    }
+                    self.state = match b {
+                        b'"' if model => {
+                            value_at = i;
+                            State::ModelString { escaped: false }
+                        }
+                        b'"' => State::Str { escaped: false },
+                        b'{' | b'[' => State::Nested {
+                            depth: 1,
+                            in_string: false,
+                            escaped: false,
+                        },
+                        _ => {
+                            self.state = State::Scalar;
+                            continue;
+                        }
+                    };
+                    i += 1;
+                }
+                State::ModelString { escaped } => {
+                    if self.held.len() + (i - value_at) >= MAX_MODEL_VALUE {
+                        // Too long to be a name: let it through as it is.
+                        self.release(&mut out, value_at);
+                        self.state = State::Str { escaped };
+                        continue;
+                    }
+                    if !escaped && b != b'"' && b != b'\\' {
+                        // Plain bytes up to the next quote, escape or newline
+                        // (within the bound), at once.
+                        let room = MAX_MODEL_VALUE - self.held.len() - (i - value_at);
+                        let end = chunk.len().min(i + room);
+                        let window = chunk.get(i..end).unwrap_or_default();
+                        i += memchr3(b'"', b'\\', b'\n', window).unwrap_or(window.len());
+                        continue;
+                    }
+                    i += 1;
+                    self.state = match b {
+                        _ if escaped => State::ModelString { escaped: false },
+                        b'\\' => State::ModelString { escaped: true },
+                        b'"' => {
+                            out.splice(value_at, &self.replacement, i);
+                            self.held.clear();
+                            self.renamed += 1;
+                            // One model per object: the rest of the event (or
+                            // body) passes unscanned.
+                            self.past_object()
+                        }
+                        _ => State::ModelString { escaped: false },
+                    };
+                }
+                State::Str { escaped: true } => {
+                    i += 1;
+                    self.state = State::Str { escaped: false };
+                }
+                State::Str { escaped: false } => match Self::string_stop(chunk, i) {
+                    None => i = chunk.len(),
+                    Some((k, b'"')) => {
+                        i = k + 1;
+                        self.state = State::AfterValue;
+                    }
+                    Some((k, b'\\')) => {
+                        i = k + 1;
+                        self.state = State::Str { escaped: true };
+                    }
+                    // A newline: handled at the top of the loop.
+                    Some((k, _)) => i = k,
+                },
+                State::Nested {
+                    depth,
+                    in_string: true,
+                    escaped,
+                } => {
+                    if escaped {
+                        i += 1;
+                        self.state = State::Nested {
+                            depth,
+                            in_string: true,
+                            escaped: false,
+                        };
+                        continue;
+                    }
+                    match Self::string_stop(chunk, i) {
+                        None => i = chunk.len(),
+                        Some((k, stop)) if stop != b'\n' => {
+                            i = k + 1;
+                            self.state = State::Nested {
+                                depth,
+                                in_string: stop == b'\\',
+                                escaped: stop == b'\\',
+                            };
+                        }
+                        Some((k, _)) => i = k,
+                    }
+                }
+                State::Nested { depth, .. } => {
+                    i += 1;
+                    self.state = match b {
+                        b'"' => State::Nested {
+                            depth,
+                            in_string: true,
+                            escaped: false,
+                        },
+                        b'{' | b'[' => State::Nested {
+                            depth: depth.saturating_add(1),
+                            in_string: false,
+                            escaped: false,
+                        },
+                        b'}' | b']' if depth <= 1 => State::AfterValue,
+                        b'}' | b']' => State::Nested {
+                            depth: depth - 1,
+                            in_string: false,
+                            escaped: false,
+                        },
+                        _ => self.state,
+                    };
+                }
+                State::Scalar => {
+                    if is_ws(b) || matches!(b, b',' | b'}' | b']') {
+                        self.state = State::AfterValue;
+                    } else {
+                        i += 1;
+                    }
+                }
+                State::AfterValue => {
+                    i += 1;
+                    if b == b',' {
+                        self.state = State::Key;
+                    } else if !is_ws(b) {
+                        self.state = self.past_object();
+                    }
+                }
+            }
+        }
+        if matches!(self.state, State::ModelString { .. }) {
+            if end {
+                self.release(&mut out, value_at);
+            } else {
+                // Held back until the value's end arrives.
+                self.held
+                    .extend_from_slice(chunk.get(value_at..).unwrap_or_default());
+                out.splice(value_at, &[], chunk.len());
+            }
+        }
+        out.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(format: Format, to: &str, chunks: &[&[u8]]) -> Vec<u8> {
+        let mut r = ModelRewriter::new(format, to);
+        let mut out = Vec::new();
+        for (i, c) in chunks.iter().enumerate() {
+            match r.push(c, i + 1 == chunks.len()) {
+                Emit::Same => out.extend_from_slice(c),
+                Emit::Bytes(b) => out.extend_from_slice(&b),
+            }
+            assert!(r.retained() <= MAX_MODEL_VALUE);
+        }
+        out
+    }
+
+    const EVENT: &str = r#"data: {"id":"c1","object":"chat.completion.chunk","model":"served/x","choices":[{"delta":{"content":"\"model\":\"no\""},"model":"nested"}]}"#;
+
+    #[test]
+    fn sse_events_get_the_clients_name_whatever_the_cuts() {
+        let stream =
+            format!("{EVENT}\n\n: comment \"model\":\"c\"\n{EVENT}\r\n\r\ndata: [DONE]\n\n");
+        let want = stream.replace(r#""model":"served/x""#, r#""model":"m1""#);
+        assert_ne!(want, stream);
+        let bytes = stream.as_bytes();
+        assert_eq!(run(Format::Sse, "m1", &[bytes]), want.as_bytes());
+        for cut in 0..bytes.len() {
+            let (a, b) = bytes.split_at(cut);
+            assert_eq!(
+                run(Format::Sse, "m1", &[a, b]),
+                want.as_bytes(),
+                "cut at {cut}"
+            );
+        }
+        let bytewise: Vec<&[u8]> = bytes.chunks(1).collect();
+        assert_eq!(run(Format::Sse, "m1", &bytewise), want.as_bytes());
+    }
+
+    #[test]
+    fn a_json_body_gets_the_clients_name_once() {
+        let body = r#"{"id":"x","model" : "served","usage":{"model":"keep"},"model_x":"k"}"#;
+        let want = body.replace(r#""served""#, r#""m1""#);
+        assert_eq!(run(Format::Json, "m1", &[body.as_bytes()]), want.as_bytes());
+        // A chunk after the object passes without a copy.
+        let mut r = ModelRewriter::new(Format::Json, "m1");
+        assert!(matches!(r.push(body.as_bytes(), false), Emit::Bytes(_)));
+        assert_eq!(r.push(b"  ", true), Emit::Same);
+        assert_eq!(r.renamed, 1);
+    }
+
+    #[test]
+    fn what_is_not_a_name_passes_as_it_came() {
+        let long = format!(r#"{{"model":"{}","x":1}}"#, "a".repeat(MAX_MODEL_VALUE + 5));
+        let bytes = long.as_bytes();
+        for cut in [0, 9, 500, 1030, bytes.len()] {
+            let (a, b) = bytes.split_at(cut);
+            assert_eq!(run(Format::Json, "m1", &[a, b]), bytes, "cut {cut}");
+        }
+        for body in [
+            r#"[{"model":"a"}]"#,
+            r#"{"model":7}"#,
+            r#"{"mo\u0064el":"a"}"#,
+            "not json \"model\":\"a\"",
+        ] {
+            assert_eq!(
+                run(Format::Json, "m1", &[body.as_bytes()]),
+                body.as_bytes(),
+                "{body}"
+            );
+        }
+        // A stream cut inside a value, then ended: the held bytes go out.
+        let cut = r#"data: {"model":"serv"#;
+        assert_eq!(
+            run(Format::Sse, "m1", &[cut.as_bytes(), b""]),
+            cut.as_bytes()
+        );
+    }
+}
