@@ -2,6 +2,7 @@
 //! free loopback ports, stopped when the [`Lab`] is dropped.
 
 pub mod client;
+pub mod dns;
 pub mod procs;
 pub mod redis;
 pub mod scenario;
@@ -65,6 +66,9 @@ pub struct LabSpec<'a> {
     pub instances: Option<usize>,
     /// Starts a Redis and points every instance's `peers.redis_url` at it.
     pub peers_redis: bool,
+    /// Called with the replicas (name → address) before fleetroute starts:
+    /// a membership source (a test DNS server) lists them from the start.
+    pub before_router: Option<&'a dyn Fn(&BTreeMap<String, String>)>,
 }
 
 /// One fleetroute instance beyond the first (`Lab::fleetroute`).
@@ -171,6 +175,9 @@ impl Lab {
         }
         cmd.arg("--control").arg(&control).args(spec.engine_args);
         let engine = Proc::spawn("engine", &mut cmd, dir.path());
+        if let Some(f) = spec.before_router {
+            f(&replicas);
+        }
 
         let redis = spec.peers_redis.then(|| redis::Redis::start(dir.path()));
         if let Some(r) = &redis {
