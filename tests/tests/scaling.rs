@@ -15,7 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use fleetroute_tests::harness::client::{blocking_get, chat_body, client, metric_sum};
+use fleetroute_tests::harness::client::{
+    blocking_get, chat_body, chat_body_tokens, client, metric_sum,
+};
 use fleetroute_tests::harness::dns::{DnsServer, srv_name};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, chat_url};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value, wait_until};
@@ -225,6 +227,60 @@ struct Step {
     /// Keys that moved where they should not (to an old replica on a grow,
     /// off a replica that stays on a shrink).
     strays: usize,
+    /// Long streams started on removed replicas: (started, served there, unfinished).
+    long: Option<(usize, usize, usize)>,
+}
+
+/// Streams of ~3,000 tokens (about 3 s at 1 ms a token), one per key.
+struct LongStreams {
+    /// Streams whose response headers arrived.
+    started: Arc<AtomicU64>,
+    threads: Vec<thread::JoinHandle<(String, bool)>>,
+}
+
+impl LongStreams {
+    fn start(lab: &Lab, keys: &[String]) -> LongStreams {
+        let started = Arc::new(AtomicU64::new(0));
+        let threads = keys
+            .iter()
+            .map(|key| {
+                let (url, key, started) = (chat_url(lab), key.clone(), started.clone());
+                thread::spawn(move || {
+                    let r = client()
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(chat_body_tokens("m1", Some(&key), "probe", true, 3000))
+                        .send();
+                    started.fetch_add(1, Ordering::Relaxed);
+                    let Ok(mut r) = r else {
+                        return ("?".to_string(), false);
+                    };
+                    let by = served_by(&r);
+                    let mut body = String::new();
+                    let done = r.status() == 200
+                        && r.read_to_string(&mut body).is_ok()
+                        && body.contains("[DONE]");
+                    (by, done)
+                })
+            })
+            .collect();
+        LongStreams { started, threads }
+    }
+
+    /// (streams, served by a removed replica, unfinished).
+    fn finish(self, gone: &[&str]) -> (usize, usize, usize) {
+        let all: Vec<(String, bool)> = self
+            .threads
+            .into_iter()
+            .map(|t| t.join().unwrap())
+            .collect();
+        let on_gone = all
+            .iter()
+            .filter(|(by, _)| gone.contains(&by.as_str()))
+            .count();
+        let unfinished = all.iter().filter(|(_, done)| !done).count();
+        (all.len(), on_gone, unfinished)
+    }
 }
 
 #[test]
@@ -299,6 +355,7 @@ fn a_dns_fleet_grows_and_shrinks_under_load_through_envoy() {
             moved: moved.len() as f64 / KEYS as f64,
             ideal: 2.0 / n,
             strays,
+            long: None,
         });
         failed_so_far = load.failed();
         before = after;
@@ -315,9 +372,21 @@ fn a_dns_fleet_grows_and_shrinks_under_load_through_envoy() {
             .values()
             .filter(|r| gone.contains(&r.as_str()))
             .count();
+        // Long streams on the replicas being removed, started before the change.
+        let keys: Vec<String> = before
+            .iter()
+            .filter(|(_, r)| gone.contains(&r.as_str()))
+            .map(|(k, _)| k.clone())
+            .take(4)
+            .collect();
+        let long = LongStreams::start(&lab, &keys);
+        wait_until("the long streams to start", Duration::from_secs(30), || {
+            long.started.load(Ordering::Relaxed) == keys.len() as u64
+        });
         dns.set_fleet("pool", listed.values());
         let want: BTreeSet<String> = listed.values().cloned().collect();
         wait_members(&lab, &format!("after shrinking to {}", want.len()), &want);
+        let long = long.finish(&gone);
         extras.pop().expect("the replicas started last");
         let after = probe(&lab, KEYS);
         let moved: Vec<&String> = after.keys().filter(|k| after[*k] != before[*k]).collect();
@@ -332,6 +401,7 @@ fn a_dns_fleet_grows_and_shrinks_under_load_through_envoy() {
             moved: moved.len() as f64 / KEYS as f64,
             ideal: on_gone as f64 / KEYS as f64,
             strays,
+            long: Some(long),
         });
         failed_so_far = load.failed();
         before = after;
@@ -345,17 +415,28 @@ fn a_dns_fleet_grows_and_shrinks_under_load_through_envoy() {
     );
     for s in &steps {
         eprintln!(
-            "scaling: {:>7}: failed {}, first request {}, keys moved {:.2} (ideal {:.2}), strays {}",
+            "scaling: {:>7}: failed {}, first request {}, keys moved {:.2} (ideal {:.2}), strays {}, long streams (started, on removed, unfinished) {:?}",
             s.what,
             s.failed,
             s.first_request_s
                 .map_or("-".to_string(), |t| format!("{t:.2} s")),
             s.moved,
             s.ideal,
-            s.strays
+            s.strays,
+            s.long
         );
     }
     assert_eq!(failed, 0, "requests failed while the fleet changed");
+    for s in &steps {
+        if let Some((started, on_gone, unfinished)) = s.long {
+            assert!(
+                started > 0 && on_gone > 0,
+                "{}: no long stream on a removed replica",
+                s.what
+            );
+            assert_eq!(unfinished, 0, "{}: long streams cut", s.what);
+        }
+    }
     for s in &steps {
         if let Some(t) = s.first_request_s {
             // The measuring poll and the load's own pace add to the path;

@@ -371,7 +371,7 @@ mod tests {
 
         // Its first answer, even an empty one (confirmed by the source), makes
         // it known: served as it is from then on.
-        let mut view = shared.watch_replicas();
+        let view = shared.watch_replicas();
         w.apply(
             Event::Membership {
                 fleet: "pool".into(),

@@ -45,6 +45,9 @@ impl Binaries {
     }
 }
 
+/// Replica name → `127.0.0.1:port`.
+pub type Replicas = BTreeMap<String, String>;
+
 /// What a lab runs. `router` is a router config in which every `{name}`
 /// stands for a replica's address: the harness starts a simulated replica
 /// called `name` on a free port for each one.
@@ -68,7 +71,7 @@ pub struct LabSpec<'a> {
     pub peers_redis: bool,
     /// Called with the replicas (name → address) before fleetroute starts:
     /// a membership source (a test DNS server) lists them from the start.
-    pub before_router: Option<&'a dyn Fn(&BTreeMap<String, String>)>,
+    pub before_router: Option<&'a dyn Fn(&Replicas)>,
 }
 
 /// One fleetroute instance beyond the first (`Lab::fleetroute`).
