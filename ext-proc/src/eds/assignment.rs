@@ -60,7 +60,7 @@ pub fn held_back(snap: &Snapshot) -> BTreeSet<String> {
         .map(|f| f.name.clone())
         .collect();
     for stage in &snap.config.stages {
-        if stage.fleets.iter().any(|f| unknown(f)) {
+        if stage.fleets.iter().any(|f| unknown(&f.name)) {
             out.insert(fail_open::cluster_name(&stage.name));
         }
     }
