@@ -59,6 +59,11 @@ pub struct Fleet {
     /// The fleet's own `Authorization` (an external provider): it replaces
     /// the client's on every request routed here.
     pub key: Option<ApiKey>,
+    /// Whether `replicas` is the fleet's membership: always for a static
+    /// fleet; for a dynamic one only once its source has answered (or it
+    /// kept members from before a reload). EDS holds back a fleet that is
+    /// not known rather than serve it empty.
+    pub members_known: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -211,6 +216,7 @@ impl Topology {
                     cost: f.cost.clone(),
                     hosts: f.hosts,
                     scaling: f.scaling.clone(),
+                    members_known: !f.source().is_dynamic(),
                 }
             })
             .collect::<Vec<_>>();

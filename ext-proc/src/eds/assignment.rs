@@ -24,7 +24,7 @@
 //!   replica out of fail-open. A drain is an operator's instruction, and a
 //!   leaver is on its way out, so both hold there too.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 
 use envoy_types::pb::envoy::config::core::v3::address::Address as AddressKind;
@@ -41,11 +41,42 @@ use crate::state::health::Health;
 use crate::state::{ReplicaState, Snapshot};
 use crate::topology::{Fleet, Slots};
 
+/// The clusters held back from Envoy: every dynamic fleet whose source has
+/// not answered yet, and the fail-open cluster of every stage that serves
+/// one. Served empty, they would make Envoy drop the hosts it kept (after a
+/// fleetroute restart while DNS is down, say); not sent, Envoy keeps them,
+/// or on its own first start waits out `initial_fetch_timeout`.
+pub fn held_back(snap: &Snapshot) -> BTreeSet<String> {
+    let unknown = |name: &str| {
+        snap.topo
+            .fleet_index(name)
+            .is_some_and(|f| !snap.topo.fleets[f].members_known)
+    };
+    let mut out: BTreeSet<String> = snap
+        .topo
+        .fleets
+        .iter()
+        .filter(|f| !f.members_known)
+        .map(|f| f.name.clone())
+        .collect();
+    for stage in &snap.config.stages {
+        if stage.fleets.iter().any(|f| unknown(&f.name)) {
+            out.insert(fail_open::cluster_name(&stage.name));
+        }
+    }
+    out
+}
+
 /// Every cluster fleetroute serves, by name: the fleets', then the stages'
-/// fail-open clusters (their names cannot collide: fleet names hold no '/').
+/// fail-open clusters (their names cannot collide: fleet names hold no '/'),
+/// except those [`held_back`].
 pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
+    let held = held_back(snap);
     let mut out = BTreeMap::new();
     for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+        if held.contains(&fleet.name) {
+            continue;
+        }
         let lb_endpoints = members(fleet, snap.replicas.get(f), fleet_status);
         let cla = ClusterLoadAssignment {
             cluster_name: fleet.name.clone(),
@@ -59,6 +90,9 @@ pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
     }
     for stage in &snap.config.stages {
         let name = fail_open::cluster_name(&stage.name);
+        if held.contains(&name) {
+            continue;
+        }
         // Leavers take no share of the fail-open split.
         let count = |fleet: &str| {
             snap.topo.fleet_index(fleet).map_or(0, |f| {

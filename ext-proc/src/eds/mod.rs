@@ -36,10 +36,11 @@
 //! stream.
 //!
 //! The topology is served as it is: a fleet without members is served empty,
-//! and Envoy drops its hosts. Today members come from the config, complete at
-//! start. A membership source that answers only after start (DNS, Kubernetes)
-//! must therefore not reach the topology as an empty fleet before its first
-//! answer, or a restarted fleetroute would empty Envoy's clusters until then.
+//! and Envoy drops its hosts. A dynamic fleet (DNS, Kubernetes) whose source
+//! has not answered since fleetroute started is not empty but unknown: it is
+//! held back (with its stages' fail-open clusters), not sent at all, so a
+//! fleetroute restarted while DNS is down does not empty Envoy's clusters;
+//! Envoy keeps its last endpoints until the source's first answer.
 
 pub mod assignment;
 pub mod protocol;

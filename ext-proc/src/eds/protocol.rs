@@ -12,7 +12,9 @@
 //! - Only clusters whose content differs from what this stream last sent go
 //!   out; a new stream has sent nothing, so it gets everything subscribed in
 //!   its first response. A cluster fleetroute does not know is answered with
-//!   an empty assignment (see `assignment::empty`).
+//!   an empty assignment (see `assignment::empty`); one it holds back (a
+//!   dynamic fleet whose source has not answered yet) is not answered at
+//!   all, so Envoy keeps the endpoints it has.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -132,6 +134,8 @@ impl Stream {
         for name in &self.names {
             match res.get(name) {
                 Some(r) => note(name, r, &mut out),
+                // Not known yet: say nothing, so Envoy keeps what it has.
+                None if res.is_held(name) => {}
                 None => note(name, &Resource::of(&assignment::empty(name)), &mut out),
             }
         }
@@ -336,5 +340,60 @@ mod tests {
         let mut r = req(&["a"], "");
         r.type_url.clear();
         assert_eq!(s.on_request(&r), Ok(Request::Subscribe));
+    }
+
+    #[test]
+    fn a_dynamic_fleet_is_held_back_until_its_source_answers_then_served_even_empty() {
+        use std::time::Instant;
+
+        use crate::config::RouterConfig;
+        use crate::state::{Event, Writer};
+
+        let yaml = "fleets:\n  - { name: a, region: us, endpoints: [\"10.0.0.1:80\"] }\n  \
+                    - { name: pool, region: us, dns: { name: pool.test, port: 80 } }\n\
+                    stages:\n  - { name: only, models: [m], fleets: [a] }\n  \
+                    - { name: both, models: [n], fleets: [a, pool] }\n";
+        let cfg = RouterConfig::parse_valid(yaml).unwrap();
+        let source = cfg.fleets[1].source();
+        let (shared, mut w) = Writer::new(&cfg);
+        let subscribed = ["a", "pool", "fallback/only", "fallback/both"];
+        let mut s = Stream::default();
+        assert_eq!(s.on_request(&req(&subscribed, "")), Ok(Request::Subscribe));
+
+        // Before any answer: the fleet and the fail-open cluster of the stage
+        // serving it are not sent at all (an empty one would empty Envoy's).
+        let before = Resources::build(&shared.snapshot());
+        assert!(before.is_held("pool") && before.is_held("fallback/both"));
+        assert!(!before.is_held("a") && !before.is_held("fallback/only"));
+        let r1 = s.response(&before).unwrap();
+        assert_eq!(names(&r1), [("a".into(), 1), ("fallback/only".into(), 1)]);
+        assert_eq!(s.on_request(&req(&subscribed, &r1.nonce)), Ok(Request::Ack));
+
+        // Its first answer, even an empty one (confirmed by the source), makes
+        // it known: served as it is from then on.
+        let view = shared.watch_replicas();
+        w.apply(
+            Event::Membership {
+                fleet: "pool".into(),
+                source,
+                members: vec![],
+            },
+            Instant::now(),
+        );
+        w.drain(Instant::now());
+        assert!(view.has_changed().unwrap(), "EDS was not woken");
+        let after = Resources::build(&shared.snapshot());
+        assert!(!after.is_held("pool") && !after.is_held("fallback/both"));
+        assert_ne!(before.version, after.version);
+        let r2 = s.response(&after).unwrap();
+        assert_eq!(
+            names(&r2),
+            [("fallback/both".into(), 1), ("pool".into(), 1)]
+        );
+        let pool = ClusterLoadAssignment::decode(r2.resources[1].value.as_slice()).unwrap();
+        assert!(
+            pool.endpoints.iter().all(|g| g.lb_endpoints.is_empty()),
+            "{pool:?}"
+        );
     }
 }

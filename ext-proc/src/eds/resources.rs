@@ -4,7 +4,7 @@
 //! instances. One task rebuilds the set when the writer's replica view moves
 //! and publishes it only when some cluster's content actually changed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::endpoint::v3::ClusterLoadAssignment;
@@ -45,11 +45,32 @@ pub struct Resources {
     /// `version_info`.
     pub version: String,
     clusters: BTreeMap<String, Resource>,
+    /// Names not sent at all (`assignment::held_back`): not even as empty.
+    held: BTreeSet<String>,
 }
 
 impl Resources {
     pub fn build(snap: &Snapshot) -> Resources {
-        Self::of(assignment::all(snap))
+        Self::of(assignment::all(snap)).holding(assignment::held_back(snap))
+    }
+
+    /// Holds `names` back: a stream sends nothing for them.
+    pub fn holding(mut self, names: BTreeSet<String>) -> Resources {
+        let mut h = Xxh3::new();
+        h.update(self.version.as_bytes());
+        for name in &names {
+            h.update(name.as_bytes());
+            h.update(&[0]);
+        }
+        if !names.is_empty() {
+            self.version = format!("{:016x}", h.digest());
+        }
+        self.held = names;
+        self
+    }
+
+    pub fn is_held(&self, name: &str) -> bool {
+        self.held.contains(name)
     }
 
     pub fn of(assignments: BTreeMap<String, ClusterLoadAssignment>) -> Resources {
@@ -69,6 +90,7 @@ impl Resources {
         Resources {
             version: format!("{:016x}", h.digest()),
             clusters,
+            held: BTreeSet::new(),
         }
     }
 

@@ -261,8 +261,12 @@ impl Writer {
         };
         let (next, sum) = change.reconcile(members);
         log(fleet, &sum, members.len(), generation);
-        if sum.changed() {
-            let topo = self.topo.with_replicas(generation, [(f, next)]);
+        // The first answer makes the fleet known even when it changes no
+        // member (an empty fleet, confirmed): EDS serves it from now on.
+        let first = !self.topo.fleets[f].members_known;
+        if sum.changed() || first {
+            let mut topo = self.topo.with_replicas(generation, [(f, next)]);
+            topo.fleets[f.index()].members_known = true;
             self.set_topology(topo, false);
         }
     }

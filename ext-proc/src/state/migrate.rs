@@ -68,9 +68,16 @@ impl Writer {
             fleets.push(model);
             replicas.push(next);
         }
-        let topo = Topology::build(&cfg, generation, layout, |f, _| {
+        let mut topo = Topology::build(&cfg, generation, layout, |f, _| {
             std::mem::take(&mut replicas[f.index()])
         });
+        // A fleet that was known stays known: it keeps its members until its
+        // (new) source answers.
+        for fleet in &mut topo.fleets {
+            fleet.members_known |= old
+                .fleet_index(&fleet.name)
+                .is_some_and(|p| old.fleets[p].members_known);
+        }
         self.fleets = fleets;
         // New tenant limits from now on; counters and reservations stay.
         self.shared.tenants.reconfigure(&cfg.tenants);

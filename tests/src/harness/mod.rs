@@ -2,6 +2,7 @@
 //! free loopback ports, stopped when the [`Lab`] is dropped.
 
 pub mod client;
+pub mod dns;
 pub mod procs;
 pub mod redis;
 pub mod scenario;
@@ -44,6 +45,9 @@ impl Binaries {
     }
 }
 
+/// Replica name → `127.0.0.1:port`.
+pub type Replicas = BTreeMap<String, String>;
+
 /// What a lab runs. `router` is a router config in which every `{name}`
 /// stands for a replica's address: the harness starts a simulated replica
 /// called `name` on a free port for each one.
@@ -65,6 +69,9 @@ pub struct LabSpec<'a> {
     pub instances: Option<usize>,
     /// Starts a Redis and points every instance's `peers.redis_url` at it.
     pub peers_redis: bool,
+    /// Called with the replicas (name → address) before fleetroute starts:
+    /// a membership source (a test DNS server) lists them from the start.
+    pub before_router: Option<&'a dyn Fn(&Replicas)>,
 }
 
 /// One fleetroute instance beyond the first (`Lab::fleetroute`).
@@ -171,6 +178,9 @@ impl Lab {
         }
         cmd.arg("--control").arg(&control).args(spec.engine_args);
         let engine = Proc::spawn("engine", &mut cmd, dir.path());
+        if let Some(f) = spec.before_router {
+            f(&replicas);
+        }
 
         let redis = spec.peers_redis.then(|| redis::Redis::start(dir.path()));
         if let Some(r) = &redis {
