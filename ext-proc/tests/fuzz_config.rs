@@ -35,6 +35,14 @@ fn names_a_field(e: &ConfigError, doc: &Value) -> Result<(), String> {
         {
             return Ok(());
         }
+        // Nor can a key that is itself a map or a list (`{}: x`).
+        let composite = doc.as_mapping().is_some_and(|m| {
+            m.keys()
+                .any(|k| k.is_mapping() || k.is_sequence() || matches!(k, Value::Tagged(_)))
+        });
+        if composite && e.message.contains(" at line ") {
+            return Ok(());
+        }
         return Err(format!("no field path: {e}"));
     }
     let first = path.split(['.', '[']).next().unwrap_or("");
