@@ -20,43 +20,21 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-10}
 WARMUP=3
 lua=scripts/bench-proxy.lua
-engine=target/release/fleetroute-engine
+engine=${BIN_DIR:-target/release}/fleetroute-engine
 run=.run/bench-filter-ab
 mkdir -p "$run"
-[ -x "$engine" ] || { echo "$engine is missing: run PROFILE=release scripts/build.sh first" >&2; exit 1; }
-command -v wrk > /dev/null || { echo "wrk is required" >&2; exit 1; }
+. scripts/lib/bench.sh
+need_tools
+need_files "$engine"
 
-pids=()
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2> /dev/null || true; done
-}
-trap stop_all EXIT
-
-wait_http() {
-  for _ in $(seq 1 150); do
-    if curl -fs -o /dev/null "$1"; then return 0; fi
-    sleep 0.2
-  done
-  echo "nothing answered at $1; see $run/*.log" >&2
-  exit 1
-}
-
-read -r r1 r2 control listen admin < <(python3 - << 'PY'
-import socket
-socks = [socket.socket() for _ in range(5)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
+read -r r1 r2 control listen admin < <(free_ports 5)
 
 "$engine" --replica "a=127.0.0.1:$r1" --replica "b=127.0.0.1:$r2" \
   --control "127.0.0.1:$control" --models demo-model \
   --prefill-tokens-per-sec 1000000000 --decode-ms-per-token 0 --max-batch 256 \
   > "$run/engine.log" 2>&1 &
 pids+=($!)
-wait_http "http://127.0.0.1:$control/replicas"
+wait_http engine "http://127.0.0.1:$control/replicas"
 
 # config WASM OUT: Envoy with the template's Wasm filter block and body limit.
 config() {
@@ -100,18 +78,13 @@ measure() {
   envoy -c "$run/$1.yaml" --concurrency 1 --disable-hot-restart --log-level warn > "$run/envoy-$1.log" 2>&1 &
   local pid=$!
   pids+=($pid)
-  wait_http "http://127.0.0.1:$admin/ready"
+  wait_http envoy "http://127.0.0.1:$admin/ready"
   local url="http://127.0.0.1:$listen/v1/chat/completions"
   wrk -t2 -c8 -d"${WARMUP}s" -s "$lua" "$url" > /dev/null 2>&1
   wrk -t2 -c8 -d"${DURATION}s" -s "$lua" "$url" > "$run/wrk-$1.log" 2>&1
   local line
-  line=$(grep '^BENCH requests=' "$run/wrk-$1.log")
-  for key in non200 connect read write timeout; do
-    [ "$(sed -E "s/.* $key=([0-9]+).*/\1/" <<< "$line")" = 0 ] \
-      || { echo "$1: requests failed ($key); see $run/wrk-$1.log" >&2; exit 1; }
-  done
-  kill "$pid"
-  wait "$pid" 2> /dev/null || true
+  line=$(bench_line "$1" "$run/wrk-$1.log")
+  stop_pid "$pid"
   awk '{ for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
          printf "%.0f\n", v["requests"] / (v["duration_us"] / 1e6) }' <<< "$line"
 }

@@ -42,60 +42,15 @@ THREADS=2
 run=.run/bench-proxy
 mkdir -p "$run"
 rm -f "$run"/*.log "$run"/*.yaml "$run"/*.txt "$run"/*.json
-bin=target/release
+bin=${BIN_DIR:-target/release}
 wasm=$PWD/target/wasm32-wasip1/release/fleetroute_filter.wasm
 lua=scripts/bench-proxy.lua
 
-# --- tools --------------------------------------------------------------------
-command -v envoy > /dev/null || scripts/setup.sh
-if ! command -v wrk > /dev/null; then
-  apt-get update -qq && apt-get install -y -qq wrk
-fi
-# PyYAML derives the filter-only config from the rendered one.
-python3 -c 'import yaml' 2> /dev/null || { echo "python3 with PyYAML is required (pip install pyyaml)" >&2; exit 1; }
-# Benchmarks need release binaries; building is left to the caller so a run
-# measures exactly what was built.
-for f in "$bin/fleetroute" "$bin/fleetroute-engine" "$wasm"; do
-  [ -e "$f" ] || { echo "$f is missing: run PROFILE=release scripts/build.sh first" >&2; exit 1; }
-done
-
-# --- processes: every one is stopped by PID ----------------------------------
-pids=()
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2> /dev/null || true; done
-}
-trap stop_all EXIT
-trap 'exit 130' INT TERM
-
-# stop_pid PID: stops one process started here and forgets it.
-stop_pid() {
-  kill "$1" 2> /dev/null || true
-  wait "$1" 2> /dev/null || true
-  local keep=() p
-  for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-  pids=("${keep[@]}")
-}
-
-wait_http() { # wait_http WHAT URL
-  for _ in $(seq 1 150); do
-    if curl -fs -o /dev/null "$2"; then return 0; fi
-    sleep 0.2
-  done
-  echo "$1 did not come up at $2; see $run/*.log" >&2
-  exit 1
-}
-
-# --- free loopback ports, picked by the kernel --------------------------------
-# All sockets are held open at once so the ports are distinct.
-read -r -a ports < <(python3 - << 'PY'
-import socket
-socks = [socket.socket() for _ in range(19)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
+# Tools, processes stopped by PID, readiness and free ports: scripts/lib/bench.sh.
+. scripts/lib/bench.sh
+need_tools
+need_files "$bin/fleetroute" "$bin/fleetroute-engine" "$wasm"
+read -r -a ports < <(free_ports 19)
 base1=${ports[0]} base2=${ports[1]} burst1=${ports[2]} burst2=${ports[3]}
 control=${ports[4]} grpc=${ports[5]} admin=${ports[6]}
 # Each setup gets its own listener and admin port: no wait for the previous
@@ -307,19 +262,7 @@ run_wrk() {
   shift 4
   wrk -t"$THREADS" -c"$CONNECTIONS" -d"${secs}s" "$@" -s "$lua" "$url" > "$log" 2>&1 \
     || { echo "$label: wrk failed; see $log" >&2; cat "$log" >&2; exit 1; }
-  local line
-  line=$(grep '^BENCH requests=' "$log") || { echo "$label: no result from wrk; see $log" >&2; exit 1; }
-  # Any non-200 or socket error invalidates the numbers.
-  local n
-  for key in non200 connect read write timeout; do
-    n=$(sed -E "s/.* $key=([0-9]+).*/\1/" <<< "$line")
-    if [ "$n" != 0 ]; then
-      echo "$label: $n requests failed ($key); see $log" >&2
-      grep '^BENCH first_non200' "$log" >&2 || true
-      exit 1
-    fi
-  done
-  echo "$line"
+  bench_line "$label" "$log"
 }
 
 # to_numbers BENCH-LINE: prints "requests/s p50-ms p99-ms".

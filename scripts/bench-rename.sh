@@ -35,48 +35,14 @@ bin=${BIN_DIR:-target/release}
 wasm=$PWD/target/wasm32-wasip1/release/fleetroute_filter.wasm
 lua=scripts/bench-proxy.lua
 
-command -v envoy > /dev/null || scripts/setup.sh
-command -v wrk > /dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
-python3 -c 'import yaml' 2> /dev/null || { echo "python3 with PyYAML is required" >&2; exit 1; }
-for f in "$bin/fleetroute" "$bin/fleetroute-engine" "$wasm"; do
-  [ -e "$f" ] || { echo "$f is missing: run PROFILE=release scripts/build.sh first" >&2; exit 1; }
-done
+. scripts/lib/bench.sh
+need_tools
+need_files "$bin/fleetroute" "$bin/fleetroute-engine" "$wasm"
 
-pids=()
-stop_all() {
-  for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; done
-  for p in "${pids[@]}"; do wait "$p" 2> /dev/null || true; done
-}
-trap stop_all EXIT
-trap 'exit 130' INT TERM
-stop_pid() {
-  kill "$1" 2> /dev/null || true
-  wait "$1" 2> /dev/null || true
-  local keep=() p
-  for p in "${pids[@]}"; do [ "$p" = "$1" ] || keep+=("$p"); done
-  pids=("${keep[@]}")
-}
-wait_http() {
-  for _ in $(seq 1 150); do
-    if curl -fs -o /dev/null "$2"; then return 0; fi
-    sleep 0.2
-  done
-  echo "$1 did not come up at $2; see $run/*.log" >&2
-  exit 1
-}
-
-read -r -a ports < <(python3 - << 'PY'
-import socket
-socks = [socket.socket() for _ in range(11)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
-)
+read -r -a ports < <(free_ports 11)
 base1=${ports[0]} base2=${ports[1]} burst1=${ports[2]} burst2=${ports[3]}
 control=${ports[4]} grpc=${ports[5]} admin=${ports[6]}
 listen_off=${ports[7]} admin_off=${ports[8]} listen_on=${ports[9]} admin_on=${ports[10]}
-lua=scripts/bench-proxy.lua
 
 cat > "$run/router.yaml" << YAML
 fleets:
@@ -155,11 +121,7 @@ measure() { # KEY ENVOY MODEL CONNS ENV...
   env MODEL="$model" "$@" wrk -t1 -c"$conns" -d"${DURATION}s" -s "$lua" "${url[$c]}" > "$run/wrk.log" 2>&1 \
     || { echo "$key: wrk failed" >&2; cat "$run/wrk.log" >&2; exit 1; }
   after=$(cpu_ticks "${epid[$c]}")
-  line=$(grep '^BENCH requests=' "$run/wrk.log")
-  for k in non200 connect read write timeout; do
-    n=$(sed -E "s/.* $k=([0-9]+).*/\1/" <<< "$line")
-    [ "$n" = 0 ] || { echo "$key: $n requests failed ($k)" >&2; grep '^BENCH first' "$run/wrk.log" >&2 || true; exit 1; }
-  done
+  line=$(bench_line "$key" "$run/wrk.log")
   local n us p50
   n=$(sed -E 's/.*requests=([0-9]+).*/\1/' <<< "$line")
   us=$(sed -E 's/.*duration_us=([0-9]+).*/\1/' <<< "$line")
