@@ -187,8 +187,10 @@ mod tests {
         );
     }
 
+    /// `metric`'s series as (tenant, value), sorted by tenant.
     fn series(text: &str, metric: &str) -> Vec<(String, f64)> {
-        text.lines()
+        let mut out: Vec<(String, f64)> = text
+            .lines()
             .filter(|l| l.starts_with(&format!("{metric}{{")))
             .map(|l| {
                 let tenant = l
@@ -201,7 +203,13 @@ mod tests {
                 let v = l.rsplit(' ').next().unwrap().parse().unwrap();
                 (tenant.to_string(), v)
             })
-            .collect()
+            .collect();
+        out.sort_by(|x, y| x.0.cmp(&y.0));
+        out
+    }
+
+    fn owned(pairs: &[(&str, f64)]) -> Vec<(String, f64)> {
+        pairs.iter().map(|&(t, v)| (t.to_string(), v)).collect()
     }
 
     #[test]
@@ -218,16 +226,9 @@ mod tests {
         }
         export(&shared);
         let text = shared.metrics.render();
-        let mut tokens = series(&text, "fleetroute_tenant_tokens_total");
-        tokens.sort_by(|x, y| x.0.cmp(&y.0));
         assert_eq!(
-            tokens,
-            [
-                ("a".to_string(), 500.0),
-                ("b".to_string(), 400.0),
-                ("other".to_string(), 500.0),
-                ("small".to_string(), 1.0)
-            ]
+            series(&text, "fleetroute_tenant_tokens_total"),
+            owned(&[("a", 500.0), ("b", 400.0), ("other", 500.0), ("small", 1.0)])
         );
         // d grows past a and b: it takes a series, b's goes (its growth
         // from now is other's); every series only grows.
@@ -235,16 +236,14 @@ mod tests {
         charge(&shared, "b", 10);
         export(&shared);
         let text = shared.metrics.render();
-        let mut tokens = series(&text, "fleetroute_tenant_tokens_total");
-        tokens.sort_by(|x, y| x.0.cmp(&y.0));
         assert_eq!(
-            tokens,
-            [
-                ("a".to_string(), 500.0),
-                ("d".to_string(), 1000.0),
-                ("other".to_string(), 510.0),
-                ("small".to_string(), 1.0)
-            ]
+            series(&text, "fleetroute_tenant_tokens_total"),
+            owned(&[
+                ("a", 500.0),
+                ("d", 1000.0),
+                ("other", 510.0),
+                ("small", 1.0)
+            ])
         );
         assert_eq!(
             series(&text, "fleetroute_tenant_requests_total").len(),

@@ -59,26 +59,30 @@ fn a_fleet_may_serve_the_model_under_its_own_name() {
 
 #[test]
 fn stage_fleet_errors_name_their_path() {
-    expect(
-        &config("", "[base, { name: burst, model: 'has space' }]", ""),
-        "stages[0].fleets[1].model: 'has space' must be 1-256 printable ASCII",
-    );
-    expect(
-        &config("", "[base, { name: burst, model: 'a|b' }]", ""),
-        "stages[0].fleets[1].model:",
-    );
-    expect(
-        &config("", "[base, { name: burst, modle: x }]", ""),
-        "stages[0].fleets[1]: unknown field `modle`",
-    );
-    expect(
-        &config("", "[base, { model: x }]", ""),
-        "stages[0].fleets[1]: missing field `name`",
-    );
-    expect(
-        &config("", "[base, { name: nope, model: x }]", ""),
-        "stages[0].fleets[1]: unknown fleet 'nope'",
-    );
+    for (stage_fleets, want) in [
+        (
+            "[base, { name: burst, model: 'has space' }]",
+            "stages[0].fleets[1].model: 'has space' must be 1-256 printable ASCII",
+        ),
+        (
+            "[base, { name: burst, model: 'a|b' }]",
+            "stages[0].fleets[1].model:",
+        ),
+        (
+            "[base, { name: burst, modle: x }]",
+            "stages[0].fleets[1]: unknown field `modle`",
+        ),
+        (
+            "[base, { model: x }]",
+            "stages[0].fleets[1]: missing field `name`",
+        ),
+        (
+            "[base, { name: nope, model: x }]",
+            "stages[0].fleets[1]: unknown fleet 'nope'",
+        ),
+    ] {
+        expect(&config("", stage_fleets, ""), want);
+    }
 }
 
 #[test]
@@ -96,30 +100,27 @@ fn credentials_are_read_and_their_errors_name_the_field() {
     );
     assert!(cfg.key(0).is_none());
 
-    expect(
-        &config(
-            ", credentials: { api_key_file: /nonexistent/key }",
-            "[base, burst]",
-            "",
+    for (credentials, want) in [
+        (
+            "{ api_key_file: /nonexistent/key }",
+            "fleets[1].credentials.api_key_file: cannot read '/nonexistent/key'",
         ),
-        "fleets[1].credentials.api_key_file: cannot read '/nonexistent/key'",
-    );
-    expect(
-        &config(
-            ", credentials: { api_key_env: FLEETROUTE_NO_SUCH_VAR }",
-            "[base, burst]",
-            "",
+        (
+            "{ api_key_env: FLEETROUTE_NO_SUCH_VAR }",
+            "fleets[1].credentials.api_key_env: environment variable 'FLEETROUTE_NO_SUCH_VAR' is not set",
         ),
-        "fleets[1].credentials.api_key_env: environment variable 'FLEETROUTE_NO_SUCH_VAR' is not set",
-    );
-    expect(
-        &config(", credentials: {}", "[base, burst]", ""),
-        "fleets[1].credentials: set exactly one of api_key_file, api_key_env",
-    );
-    expect(
-        &config(", credentials: { api_key: sk-inline }", "[base, burst]", ""),
-        "fleets[1].credentials: unknown field `api_key`",
-    );
+        (
+            "{}",
+            "fleets[1].credentials: set exactly one of api_key_file, api_key_env",
+        ),
+        (
+            "{ api_key: sk-inline }",
+            "fleets[1].credentials: unknown field `api_key`",
+        ),
+    ] {
+        let fleet_extra = format!(", credentials: {credentials}");
+        expect(&config(&fleet_extra, "[base, burst]", ""), want);
+    }
     // A mirror would carry someone else's Authorization to it.
     expect(
         &config(
