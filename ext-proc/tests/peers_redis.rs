@@ -248,12 +248,12 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
 
 /// (requests in flight, prefill tokens) `n` counts from its peers on `r`.
 fn peer_load(n: &Node, r: usize) -> (u32, u64) {
-    let p = n.shared.snapshot().topo.fleets[0].replicas[r].load.peers();
+    let p = n.shared.snapshot().topo.fleets[0].replicas[ReplicaId(r)].load.peers();
     (p.inflight, p.pending_prefill)
 }
 
 fn total_inflight(n: &Node, r: usize) -> u32 {
-    n.shared.snapshot().topo.fleets[0].replicas[r]
+    n.shared.snapshot().topo.fleets[0].replicas[ReplicaId(r)]
         .load
         .inflight()
 }
@@ -268,12 +268,12 @@ async fn two_instances_see_each_others_load_while_it_is_fresh() {
     until("both ready", || {
         [&a, &b]
             .iter()
-            .all(|n| n.shared.snapshot().replicas[0].iter().all(|r| r.ready()))
+            .all(|n| n.shared.snapshot().replicas[0].values().all(|r| r.ready()))
     })
     .await;
 
     // A holds a request: B counts it on the same replica, A only once.
-    let (r, md) = route(&a, vec![41, 42], "a");
+    let (r, md) = route(&a, vec![41, 42], "a").await;
     until("B to see A's request", || peer_load(&b, r).0 == 1).await;
     assert!(peer_load(&b, r).1 > 0, "A's queued prefill is shared too");
     assert_eq!(total_inflight(&b, r), 1);
@@ -290,7 +290,7 @@ async fn two_instances_see_each_others_load_while_it_is_fresh() {
     until("B to see it end", || peer_load(&b, r).0 == 0).await;
 
     // Redis goes away while A holds load: B drops it within the bound.
-    let (r, _) = route(&a, vec![51, 52], "a");
+    let (r, _) = route(&a, vec![51, 52], "a").await;
     until("B to see A's second request", || peer_load(&b, r).0 == 1).await;
     redis.stop();
     let gone = Instant::now();

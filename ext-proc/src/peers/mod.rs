@@ -313,6 +313,9 @@ impl Task {
         // Every round, answered or not: reports past their bound stop
         // counting even while Redis is gone.
         if self.share_load() {
+            // The topology now, not the round's: membership may have changed
+            // during the round trip, and figures go to the current slots.
+            let topo = self.shared.snapshot().topo.clone();
             let peers = self.loads.apply(&topo, Instant::now());
             self.shared.metrics.peer_load_peers.set(peers as i64);
         }

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::topology::Topology;
+use crate::topology::slots::Slots;
 use crate::topology::load::LoadFigures;
 
 /// Peers whose reports are kept at once; a report from one more is ignored
@@ -50,7 +51,7 @@ impl LoadReport {
             .filter_map(|f| {
                 let replicas: Vec<(String, LoadFigures)> = f
                     .replicas
-                    .iter()
+                    .values()
                     .map(|r| (r.addr.clone(), r.load.own()))
                     .filter(|(_, l)| !l.is_zero())
                     .collect();
@@ -191,10 +192,13 @@ impl PeerLoads {
     /// Returns the peers counted.
     pub fn apply(&mut self, topo: &Topology, now: Instant) -> usize {
         self.peers.retain(|_, p| p.until > now);
-        let mut sums: Vec<Vec<LoadFigures>> = topo
+        // By the current slots: a peer's figure follows its replica's name
+        // and address to whatever slot it holds now; a replica that left
+        // has no slot and its figures count nowhere.
+        let mut sums: Vec<Slots<LoadFigures>> = topo
             .fleets
             .iter()
-            .map(|f| vec![LoadFigures::default(); f.replicas.len()])
+            .map(|f| f.replicas.map(|_, _| LoadFigures::default()))
             .collect();
         for p in self.peers.values() {
             for f in &p.report.fleets {
@@ -203,15 +207,18 @@ impl PeerLoads {
                 };
                 let fleet = &topo.fleets[fi.index()];
                 for (addr, figures) in &f.replicas {
-                    if let Some(r) = fleet.replica_index(addr) {
-                        sums[fi.index()][r.index()].add(figures);
+                    if let Some(sum) = fleet
+                        .replica_index(addr)
+                        .and_then(|r| sums[fi.index()].get_mut(r))
+                    {
+                        sum.add(figures);
                     }
                 }
             }
         }
         for (fleet, sums) in topo.fleets.iter().zip(&sums) {
-            for (r, sum) in fleet.replicas.iter().zip(sums) {
-                r.load.set_peers(sum);
+            for (id, r) in fleet.replicas.iter() {
+                r.load.set_peers(&sums[id]);
             }
         }
         self.peers.len()
@@ -228,6 +235,7 @@ mod tests {
     use super::*;
     use crate::config::RouterConfig;
     use crate::state::Writer;
+    use crate::topology::{Replica, ReplicaId};
 
     const CFG: &str = "fleets:\n  - { name: a, region: us, endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\"] }\n  \
                        - { name: b, region: us, endpoints: [\"10.0.1.1:1\"] }\n\
@@ -258,9 +266,9 @@ mod tests {
     fn own_reports_name_busy_replicas_only() {
         let t = topo();
         assert!(LoadReport::own(&t).is_empty());
-        let _g = t.fleets[0].replicas[1].load.start(500);
+        let _g = t.fleets[0].replicas[ReplicaId(1)].load.start(500);
         // A peer's figures are not this instance's to report.
-        t.fleets[1].replicas[0].load.set_peers(&LoadFigures {
+        t.fleets[1].replicas[ReplicaId(0)].load.set_peers(&LoadFigures {
             inflight: 9,
             ..Default::default()
         });
@@ -272,7 +280,7 @@ mod tests {
         let t = topo();
         let mut p = PeerLoads::new(Duration::from_millis(1000));
         let now = Instant::now();
-        let load = &t.fleets[0].replicas[0].load;
+        let load = &t.fleets[0].replicas[ReplicaId(0)].load;
         let r = |n| report("a", "10.0.0.1:1", n, 100 * u64::from(n));
         assert_eq!(
             p.receive(&t, "x", r(2), Duration::ZERO, now),
@@ -323,7 +331,7 @@ mod tests {
         assert!(
             t.fleets
                 .iter()
-                .flat_map(|f| &f.replicas)
+                .flat_map(|f| f.replicas.values())
                 .all(|r| r.load.inflight() == 0)
         );
         for i in 1..MAX_PEERS {
@@ -365,5 +373,41 @@ mod tests {
         assert!(!r.due(&busy, now + Duration::from_millis(100)));
         assert!(r.due(&busy, now + Duration::from_millis(250)), "refresh");
         assert!(r.due(&idle, now + Duration::from_millis(100)), "load ended");
+    }
+
+    #[test]
+    fn figures_follow_the_address_to_its_current_slot_and_a_leaver_drops_them() {
+        let t = topo();
+        let mut p = PeerLoads::new(Duration::from_secs(1));
+        let now = Instant::now();
+        let mut rep = report("a", "10.0.0.1:1", 2, 20);
+        rep.fleets[0].replicas.push((
+            "10.0.0.2:1".into(),
+            LoadFigures {
+                inflight: 3,
+                ..Default::default()
+            },
+        ));
+        p.receive(&t, "x", rep, Duration::ZERO, now);
+        p.apply(&t, now);
+        let a = &t.fleets[0].replicas;
+        assert_eq!(a[ReplicaId(0)].load.peers().inflight, 2);
+        assert_eq!(a[ReplicaId(1)].load.peers().inflight, 3);
+
+        // 10.0.0.1 leaves and 10.0.0.3 takes its slot: the peer still
+        // names 10.0.0.1, which now counts nowhere; 10.0.0.2 keeps its own.
+        let mut next = (*t).clone();
+        let fleet = &mut next.fleets[0];
+        let left = fleet.replicas.remove(ReplicaId(0)).unwrap();
+        let joined = Replica::joining("a", "10.0.0.3:1".into(), "10.0.0.3:1".into(), 2);
+        fleet.replicas.insert(ReplicaId(0), joined);
+        fleet.by_addr.remove(&left.addr);
+        fleet.by_addr.insert("10.0.0.3:1".into(), ReplicaId(0));
+        assert_eq!(p.apply(&next, now), 1);
+        let a = &next.fleets[0].replicas;
+        assert!(a[ReplicaId(0)].load.peers().is_zero(), "the joiner");
+        assert_eq!(a[ReplicaId(1)].load.peers().inflight, 3);
+        // The old topology's stay with the leaver; nothing reads them.
+        assert_eq!(left.load.peers().inflight, 2);
     }
 }
