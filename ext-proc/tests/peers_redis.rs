@@ -248,7 +248,9 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
 
 /// (requests in flight, prefill tokens) `n` counts from its peers on `r`.
 fn peer_load(n: &Node, r: usize) -> (u32, u64) {
-    let p = n.shared.snapshot().topo.fleets[0].replicas[ReplicaId(r)].load.peers();
+    let p = n.shared.snapshot().topo.fleets[0].replicas[ReplicaId(r)]
+        .load
+        .peers();
     (p.inflight, p.pending_prefill)
 }
 

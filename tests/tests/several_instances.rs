@@ -233,8 +233,7 @@ fn burst_run(share_load: bool) -> BurstRun {
     let (turns, _) = conversations(&lab, 10);
     let bytes_per_request = (sent_bytes(&lab) - bytes_before) / turns as f64;
     wait_until("the turns' leases to end", Duration::from_secs(30), || {
-        total(&view(&lab, None)) == 0
-            && (0..2).all(|i| total(&view(&lab, Some(i))) == 0)
+        total(&view(&lab, None)) == 0 && (0..2).all(|i| total(&view(&lab, Some(i))) == 0)
     });
 
     let url = chat_url(&lab);
@@ -245,15 +244,18 @@ fn burst_run(share_load: bool) -> BurstRun {
         for k in 0..BURST {
             let url = &url;
             threads.push(s.spawn(move || {
-                let body = chat_body_tokens("m1", Some("hot"), "a long answer", false, BURST_TOKENS);
+                let body =
+                    chat_body_tokens("m1", Some("hot"), "a long answer", false, BURST_TOKENS);
                 let r = post(url, body, &[]);
                 assert_eq!(r.status, 200, "burst request {k}: {}", r.body);
                 r.served_by().to_string()
             }));
             let n = k as u64 + 1;
-            wait_until("the burst request to be placed", Duration::from_secs(20), || {
-                total(&view(&lab, None)) == n
-            });
+            wait_until(
+                "the burst request to be placed",
+                Duration::from_secs(20),
+                || total(&view(&lab, None)) == n,
+            );
             if share_load {
                 wait_until(
                     "both instances to count it",
@@ -271,10 +273,14 @@ fn burst_run(share_load: bool) -> BurstRun {
             // A killed peer's load stops counting within the bound.
             lab.kill_instance(1);
             let killed = Instant::now();
-            wait_until("the survivor to drop the dead peer's load", Duration::from_secs(10), || {
-                lab.instance_replica_load(0)
-                    .is_some_and(|v| v.values().all(|&(_, peer)| peer == 0))
-            });
+            wait_until(
+                "the survivor to drop the dead peer's load",
+                Duration::from_secs(10),
+                || {
+                    lab.instance_replica_load(0)
+                        .is_some_and(|v| v.values().all(|&(_, peer)| peer == 0))
+                },
+            );
             dead_peer_dropped_ms = Some(killed.elapsed().as_secs_f64() * 1000.0);
             assert_eq!(
                 lab.instance_metric(0, "fleetroute_peer_load_peers", &[]),
@@ -311,7 +317,11 @@ fn each_instance_sees_the_others_load() {
     }
     let hottest = |r: &BurstRun| r.placed.values().copied().max().unwrap_or(0);
     // Alone, each instance fills the key's replica to its own cap.
-    assert!(hottest(&runs[0]) > 4, "no pile-on without load: {:?}", runs[0].placed);
+    assert!(
+        hottest(&runs[0]) > 4,
+        "no pile-on without load: {:?}",
+        runs[0].placed
+    );
     // Sharing load, the two together keep it within its cap.
     assert!(hottest(&runs[1]) <= 4, "piled on: {:?}", runs[1].placed);
     assert_eq!(total(&runs[1].placed), BURST as u64);

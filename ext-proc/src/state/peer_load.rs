@@ -22,8 +22,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use crate::topology::Topology;
-use crate::topology::slots::Slots;
 use crate::topology::load::LoadFigures;
+use crate::topology::slots::Slots;
 
 /// Peers whose reports are kept at once; a report from one more is ignored
 /// (counted) until one of them goes stale.
@@ -268,10 +268,12 @@ mod tests {
         assert!(LoadReport::own(&t).is_empty());
         let _g = t.fleets[0].replicas[ReplicaId(1)].load.start(500);
         // A peer's figures are not this instance's to report.
-        t.fleets[1].replicas[ReplicaId(0)].load.set_peers(&LoadFigures {
-            inflight: 9,
-            ..Default::default()
-        });
+        t.fleets[1].replicas[ReplicaId(0)]
+            .load
+            .set_peers(&LoadFigures {
+                inflight: 9,
+                ..Default::default()
+            });
         assert_eq!(LoadReport::own(&t), report("a", "10.0.0.2:1", 1, 500));
     }
 
