@@ -186,6 +186,8 @@ struct BurstRun {
     placed: BTreeMap<String, u64>,
     /// Milliseconds until the survivor stopped counting a killed peer's load.
     dead_peer_dropped_ms: Option<f64>,
+    /// Burst requests each instance decided (its own leases).
+    decided: [u64; 2],
     /// Replicas that served the burst, by requests.
     served: BTreeMap<String, u64>,
 }
@@ -238,6 +240,7 @@ fn burst_run(share_load: bool) -> BurstRun {
 
     let url = chat_url(&lab);
     let mut dead_peer_dropped_ms = None;
+    let mut decided = [0; 2];
     let mut placed = BTreeMap::new();
     let served = std::thread::scope(|s| {
         let mut threads = Vec::new();
@@ -265,6 +268,11 @@ fn burst_run(share_load: bool) -> BurstRun {
             }
         }
         placed = view(&lab, None);
+        for (i, d) in decided.iter_mut().enumerate() {
+            *d = lab
+                .instance_replica_load(i)
+                .map_or(0, |v| v.values().map(|&(own, _)| own).sum());
+        }
         if share_load {
             // Both see every replica's load as it is.
             for i in 0..2 {
@@ -279,13 +287,10 @@ fn burst_run(share_load: bool) -> BurstRun {
                 || {
                     lab.instance_replica_load(0)
                         .is_some_and(|v| v.values().all(|&(_, peer)| peer == 0))
+                        && lab.instance_metric(0, "fleetroute_peer_load_peers", &[]) == Some(0.0)
                 },
             );
             dead_peer_dropped_ms = Some(killed.elapsed().as_secs_f64() * 1000.0);
-            assert_eq!(
-                lab.instance_metric(0, "fleetroute_peer_load_peers", &[]),
-                Some(0.0)
-            );
         }
         let mut served = BTreeMap::new();
         for t in threads {
@@ -297,6 +302,7 @@ fn burst_run(share_load: bool) -> BurstRun {
         bytes_per_request,
         placed,
         dead_peer_dropped_ms,
+        decided,
         served,
     }
 }
@@ -306,8 +312,9 @@ fn each_instance_sees_the_others_load() {
     let runs = [burst_run(false), burst_run(true)];
     for (run, name) in runs.iter().zip(["prefixes + log", "prefixes + log + load"]) {
         println!(
-            "{name}: {:.0} bytes to Redis per routed request; {BURST} long requests of one key placed {:?} (in flight per replica), served by {:?}{}",
+            "{name}: {:.0} bytes to Redis per routed request; {BURST} long requests of one key, decided {:?} by the two instances, placed {:?} (in flight per replica), served by {:?}{}",
             run.bytes_per_request,
+            run.decided,
             run.placed.values().collect::<Vec<_>>(),
             run.served.values().collect::<Vec<_>>(),
             run.dead_peer_dropped_ms
@@ -325,6 +332,12 @@ fn each_instance_sees_the_others_load() {
     // Sharing load, the two together keep it within its cap.
     assert!(hottest(&runs[1]) <= 4, "piled on: {:?}", runs[1].placed);
     assert_eq!(total(&runs[1].placed), BURST as u64);
+    // Both decided some of it, so each had the other's load to see.
+    assert!(
+        runs[1].decided.iter().all(|&d| d > 0),
+        "{:?}",
+        runs[1].decided
+    );
 }
 
 #[test]
