@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use fleetroute_tests::harness::client::{chat_body, chat_body_tokens, post};
+use fleetroute_tests::harness::client::{blocking_get, chat_body, chat_body_tokens, post};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, chat_url};
 use fleetroute_tests::harness::{Lab, LabSpec, pace, wait_for_value, wait_until};
 
@@ -207,6 +207,16 @@ fn view(lab: &Lab, i: Option<usize>) -> BTreeMap<String, u64> {
     out
 }
 
+/// Hosts of Envoy's `fleetroute` cluster that pass its health checks.
+fn envoy_healthy_instances(lab: &Lab) -> usize {
+    let url = format!("{}/clusters", lab.envoy_admin);
+    blocking_get(&url).map_or(0, |(_, body)| {
+        body.lines()
+            .filter(|l| l.starts_with("fleetroute::") && l.ends_with("::health_flags::healthy"))
+            .count()
+    })
+}
+
 fn total(v: &BTreeMap<String, u64>) -> u64 {
     v.values().sum()
 }
@@ -238,6 +248,13 @@ fn burst_run(share_load: bool) -> BurstRun {
         total(&view(&lab, None)) == 0 && (0..2).all(|i| total(&view(&lab, Some(i))) == 0)
     });
 
+    // Both take calls: an instance Envoy's checks have not passed yet
+    // would leave the other deciding alone.
+    wait_until(
+        "Envoy to check both instances healthy",
+        Duration::from_secs(30),
+        || envoy_healthy_instances(&lab) == 2,
+    );
     let url = chat_url(&lab);
     let mut dead_peer_dropped_ms = None;
     let mut decided = [0; 2];
