@@ -167,6 +167,10 @@ pub struct Metrics {
     pub tenants_tracked: Gauge,
     pub tenant_redis: Family<ResultLabel, Counter>,
     pub audit_records: Family<ResultLabel, Counter>,
+    /// Load reports exchanged with other instances, by result.
+    pub peer_load_reports: Family<ResultLabel, Counter>,
+    /// Other instances whose load reports count here now.
+    pub peer_load_peers: Gauge,
 }
 
 impl Default for Metrics {
@@ -222,6 +226,8 @@ impl Metrics {
             tenants_tracked: Gauge::default(),
             tenant_redis: Family::default(),
             audit_records: Family::default(),
+            peer_load_reports: Family::default(),
+            peer_load_peers: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -444,6 +450,29 @@ impl Metrics {
             "Audit log records: written, dropped_full (queue full), dropped_write (write failed, e.g. a full disk)",
             m.audit_records.clone(),
         );
+        r.register(
+            "peer_load_reports",
+            "Per-replica load reports shared between instances, by result: sent (this instance's), received (another's, counted here), stale (written longer than peers.load_stale_ms before it was read), ignored (from more peers than are kept), unknown (names a fleet or replica not here), truncated (this instance's, cut to max_batch_bytes), bad (undecodable)",
+            m.peer_load_reports.clone(),
+        );
+        r.register(
+            "peer_load_peers",
+            "Other instances whose load reports count in this instance's decisions now (0: it routes on its own load)",
+            m.peer_load_peers.clone(),
+        );
+        for result in [
+            "sent",
+            "received",
+            "stale",
+            "ignored",
+            "unknown",
+            "truncated",
+            "bad",
+        ] {
+            drop(m.peer_load_reports.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
         for result in ["observed", "untagged", "late", "foreign"] {
             drop(m.access_log_entries.get_or_create(&ResultLabel {
                 result: result.into(),

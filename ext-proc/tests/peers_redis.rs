@@ -1,7 +1,8 @@
 //! Two instances' state linked through a real `redis-server`: a decision's
 //! prefix reaches the other instance's index (and not its own twice), an
 //! access log entry that reached the wrong instance ends its lease at the
-//! owner, and Redis going away and coming back loses neither.
+//! owner, and Redis going away and coming back loses neither; each sees the
+//! other's load, once, and stops counting it when Redis goes away.
 
 use std::collections::HashMap;
 use std::net::TcpListener;
@@ -88,7 +89,7 @@ struct Node {
 
 fn node(url: &str, name: &str) -> Node {
     let cfg = RouterConfig::parse_valid(&format!(
-        "peers: {{ redis_url: \"{url}\", flush_ms: 10 }}\n\
+        "peers: {{ redis_url: \"{url}\", flush_ms: 10, load_stale_ms: 300 }}\n\
          fleets: [{{ name: pool, region: r, endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\"] }}]\n\
          stages: [{{ name: s, models: [m], fleets: [pool] }}]\n"
     ))
@@ -243,4 +244,69 @@ async fn two_instances_share_prefixes_and_ends_through_redis() {
     redis.restart();
     until("B to catch up", || held(&b, &later, r) == 4).await;
     assert_eq!(metric(&a, "fleetroute_peers_up", ""), 1.0);
+}
+
+/// (requests in flight, prefill tokens) `n` counts from its peers on `r`.
+fn peer_load(n: &Node, r: usize) -> (u32, u64) {
+    let p = n.shared.snapshot().topo.fleets[0].replicas[ReplicaId(r)]
+        .load
+        .peers();
+    (p.inflight, p.pending_prefill)
+}
+
+fn total_inflight(n: &Node, r: usize) -> u32 {
+    n.shared.snapshot().topo.fleets[0].replicas[ReplicaId(r)]
+        .load
+        .inflight()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_see_each_others_load_while_it_is_fresh() {
+    let Some(mut redis) = Redis::start() else {
+        return;
+    };
+    let url = format!("redis://127.0.0.1:{}/", redis.port);
+    let (a, b) = (node(&url, "a"), node(&url, "b"));
+    until("both ready", || {
+        [&a, &b]
+            .iter()
+            .all(|n| n.shared.snapshot().replicas[0].values().all(|r| r.ready()))
+    })
+    .await;
+
+    // A holds a request: B counts it on the same replica, A only once.
+    let (r, md) = route(&a, vec![41, 42], "a").await;
+    until("B to see A's request", || peer_load(&b, r).0 == 1).await;
+    assert!(peer_load(&b, r).1 > 0, "A's queued prefill is shared too");
+    assert_eq!(total_inflight(&b, r), 1);
+    assert_eq!(peer_load(&b, 1 - r), (0, 0));
+    assert_eq!(peer_load(&a, r), (0, 0), "A's own report is not read back");
+    assert_eq!(total_inflight(&a, r), 1);
+    assert_eq!(metric(&b, "fleetroute_peer_load_peers", ""), 1.0);
+    assert!(metric(&a, "fleetroute_peer_load_reports_total", "result=\"sent\"") > 0.0);
+
+    // Its end (logged at B, forwarded to A) clears it at B at once, long
+    // before the staleness bound.
+    access_log::observe(&b.shared, Some(&b.link), &entry(md));
+    until("A's lease to end", || leases(&a) == 0).await;
+    until("B to see it end", || peer_load(&b, r).0 == 0).await;
+
+    // Redis goes away while A holds load: B drops it within the bound.
+    let (r, _) = route(&a, vec![51, 52], "a").await;
+    until("B to see A's second request", || peer_load(&b, r).0 == 1).await;
+    redis.stop();
+    let gone = Instant::now();
+    until("B to stop counting A", || {
+        peer_load(&b, r) == (0, 0) && metric(&b, "fleetroute_peer_load_peers", "") == 0.0
+    })
+    .await;
+    let dropped_after = gone.elapsed();
+    assert_eq!(total_inflight(&a, r), 1, "A still counts its own");
+    // Back: A's unchanged report is refreshed and counts again.
+    redis.restart();
+    until("B to see A's load again", || peer_load(&b, r).0 == 1).await;
+    eprintln!(
+        "B dropped A's load {} ms after Redis went away",
+        dropped_after.as_millis()
+    );
 }

@@ -1,12 +1,14 @@
 //! Two fleetroute instances behind one real Envoy: Envoy's access log
 //! reaches either instance, and the deciding one must still learn each
-//! request's end (forwarded over the peer link); killing one instance under
-//! load fails no request, and a restarted one takes calls again.
+//! request's end (forwarded over the peer link); each sees the other's load
+//! and stops counting a dead one's; killing one instance under load fails
+//! no request, and a restarted one takes calls again.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::time::{Duration, Instant};
 
-use fleetroute_tests::harness::client::{chat_body, post};
+use fleetroute_tests::harness::client::{blocking_get, chat_body, chat_body_tokens, post};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, chat_url};
 use fleetroute_tests::harness::{Lab, LabSpec, pace, wait_for_value, wait_until};
 
@@ -161,6 +163,212 @@ fn the_deciding_instance_learns_every_end() {
     assert!(foreign > 0.0, "no entry reached the other instance");
     // Forwarded, every lease ends long before its 10 s floor.
     assert!(drained < 5.0, "leases ended only after {drained:.1} s");
+}
+
+/// `ONE_FLEET` with replicas that take at most 4 requests at once before
+/// the bounded-load guard sends new ones elsewhere.
+fn capped_fleet() -> String {
+    ONE_FLEET.replace(
+        "endpoints: [\"{r1}\", \"{r2}\", \"{r3}\", \"{r4}\"]",
+        "endpoints: [\"{r1}\", \"{r2}\", \"{r3}\", \"{r4}\"]\n    capacity: { max_inflight: 4 }",
+    )
+}
+
+/// Long requests in the burst: 15000 tokens at 1 ms each, so all of them
+/// are still running when the burst's last one is placed.
+const BURST: usize = 12;
+const BURST_TOKENS: u32 = 15_000;
+
+struct BurstRun {
+    /// Bytes written to Redis per routed request of 40 conversation turns.
+    bytes_per_request: f64,
+    /// Burst requests in flight per replica once all were placed.
+    placed: BTreeMap<String, u64>,
+    /// Milliseconds until the survivor stopped counting a killed peer's load.
+    dead_peer_dropped_ms: Option<f64>,
+    /// Burst requests each instance decided (its own leases).
+    decided: [u64; 2],
+    /// Replicas that served the burst, by requests.
+    served: BTreeMap<String, u64>,
+}
+
+/// Per replica, the requests in flight that instance `i` counts (its own
+/// plus its peers' fresh reports), or that all instances hold (`None`).
+fn view(lab: &Lab, i: Option<usize>) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for k in 0..2 {
+        if i.is_some_and(|i| i != k) {
+            continue;
+        }
+        for (addr, (own, peer)) in lab.instance_replica_load(k).unwrap_or_default() {
+            *out.entry(addr).or_default() += own + if i.is_some() { peer } else { 0 };
+        }
+    }
+    out
+}
+
+/// Hosts of Envoy's `fleetroute` cluster that pass its health checks.
+fn envoy_healthy_instances(lab: &Lab) -> usize {
+    let url = format!("{}/clusters", lab.envoy_admin);
+    blocking_get(&url).map_or(0, |(_, body)| {
+        body.lines()
+            .filter(|l| l.starts_with("fleetroute::") && l.ends_with("::health_flags::healthy"))
+            .count()
+    })
+}
+
+fn total(v: &BTreeMap<String, u64>) -> u64 {
+    v.values().sum()
+}
+
+/// Two instances with the peer link (sharing load or not): 40 conversation
+/// turns to weigh the link's bytes, then a burst of long requests with one
+/// conversation key, which both instances' rendezvous order sends to the
+/// same replica until its load says otherwise. Each is placed only once
+/// the one before is counted (and, sharing load, once both instances see
+/// it), so what decides is what each instance knows, not timing.
+fn burst_run(share_load: bool) -> BurstRun {
+    let router = capped_fleet();
+    let mut lab = Lab::start(
+        ENGINE,
+        LabSpec {
+            router: &router,
+            engine_args: FAST_ENGINES,
+            instances: Some(2),
+            peers_redis: true,
+            peers_options: if share_load { "" } else { "load_stale_ms: 0" },
+            ..Default::default()
+        },
+    );
+    let sent_bytes = |lab: &Lab| both(lab, "fleetroute_peer_bytes_total", &["result=\"sent\""]);
+    let bytes_before = sent_bytes(&lab);
+    let (turns, _) = conversations(&lab, 10);
+    let bytes_per_request = (sent_bytes(&lab) - bytes_before) / turns as f64;
+    wait_until("the turns' leases to end", Duration::from_secs(30), || {
+        total(&view(&lab, None)) == 0 && (0..2).all(|i| total(&view(&lab, Some(i))) == 0)
+    });
+
+    let url = chat_url(&lab);
+    let mut dead_peer_dropped_ms = None;
+    let mut decided = [0; 2];
+    let mut placed = BTreeMap::new();
+    let mut served = BTreeMap::new();
+    // Envoy picks the instance, and sometimes sends a whole burst to one
+    // (seen both with one instance's health check timed out on a loaded
+    // machine and with both healthy), which shows nothing. Such a burst is
+    // run again (at most three in all).
+    for attempt in 1..=3 {
+        wait_until(
+            "Envoy to check both instances healthy",
+            Duration::from_secs(30),
+            || envoy_healthy_instances(&lab) == 2,
+        );
+        served = std::thread::scope(|s| {
+            let mut threads = Vec::new();
+            for k in 0..BURST {
+                let url = &url;
+                threads.push(s.spawn(move || {
+                    let body =
+                        chat_body_tokens("m1", Some("hot"), "a long answer", false, BURST_TOKENS);
+                    let r = post(url, body, &[]);
+                    assert_eq!(r.status, 200, "burst request {k}: {}", r.body);
+                    r.served_by().to_string()
+                }));
+                let n = k as u64 + 1;
+                wait_until(
+                    "the burst request to be placed",
+                    Duration::from_secs(20),
+                    || total(&view(&lab, None)) == n,
+                );
+                if share_load {
+                    wait_until(
+                        "both instances to count it",
+                        Duration::from_secs(10),
+                        || (0..2).all(|i| total(&view(&lab, Some(i))) == n),
+                    );
+                }
+            }
+            placed = view(&lab, None);
+            for (i, d) in decided.iter_mut().enumerate() {
+                *d = lab
+                    .instance_replica_load(i)
+                    .map_or(0, |v| v.values().map(|&(own, _)| own).sum());
+            }
+            let both_decided = decided.iter().all(|&d| d > 0);
+            if share_load && both_decided {
+                // Both see every replica's load as it is.
+                for i in 0..2 {
+                    assert_eq!(view(&lab, Some(i)), placed, "instance {i}'s view");
+                }
+                // A killed peer's load stops counting within the bound.
+                lab.kill_instance(1);
+                let killed = Instant::now();
+                wait_until(
+                    "the survivor to drop the dead peer's load",
+                    Duration::from_secs(10),
+                    || {
+                        lab.instance_replica_load(0)
+                            .is_some_and(|v| v.values().all(|&(_, peer)| peer == 0))
+                            && lab.instance_metric(0, "fleetroute_peer_load_peers", &[])
+                                == Some(0.0)
+                    },
+                );
+                dead_peer_dropped_ms = Some(killed.elapsed().as_secs_f64() * 1000.0);
+            }
+            let mut served = BTreeMap::new();
+            for t in threads {
+                *served.entry(t.join().unwrap()).or_default() += 1;
+            }
+            served
+        });
+        if decided.iter().all(|&d| d > 0) || attempt == 3 {
+            break;
+        }
+        eprintln!("burst {attempt} decided {decided:?} by the two instances; again");
+        wait_until("the burst's leases to end", Duration::from_secs(30), || {
+            total(&view(&lab, None)) == 0
+        });
+    }
+    BurstRun {
+        bytes_per_request,
+        placed,
+        dead_peer_dropped_ms,
+        decided,
+        served,
+    }
+}
+
+#[test]
+fn each_instance_sees_the_others_load() {
+    let runs = [burst_run(false), burst_run(true)];
+    for (run, name) in runs.iter().zip(["prefixes + log", "prefixes + log + load"]) {
+        println!(
+            "{name}: {:.0} bytes to Redis per routed request; {BURST} long requests of one key, decided {:?} by the two instances, placed {:?} (in flight per replica), served by {:?}{}",
+            run.bytes_per_request,
+            run.decided,
+            run.placed.values().collect::<Vec<_>>(),
+            run.served.values().collect::<Vec<_>>(),
+            run.dead_peer_dropped_ms
+                .map(|ms| format!("; a killed peer's load dropped after {ms:.0} ms"))
+                .unwrap_or_default(),
+        );
+    }
+    let hottest = |r: &BurstRun| r.placed.values().copied().max().unwrap_or(0);
+    // Alone, each instance fills the key's replica to its own cap.
+    assert!(
+        hottest(&runs[0]) > 4,
+        "no pile-on without load: {:?}",
+        runs[0].placed
+    );
+    // Sharing load, the two together keep it within its cap.
+    assert!(hottest(&runs[1]) <= 4, "piled on: {:?}", runs[1].placed);
+    assert_eq!(total(&runs[1].placed), BURST as u64);
+    // Both decided some of it, so each had the other's load to see.
+    assert!(
+        runs[1].decided.iter().all(|&d| d > 0),
+        "{:?}",
+        runs[1].decided
+    );
 }
 
 #[test]

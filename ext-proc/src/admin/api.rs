@@ -87,8 +87,15 @@ pub struct ReplicaView {
     /// See [`ReplicaState::Leaving`].
     #[serde(default)]
     pub leaving: bool,
+    /// This instance's own requests in flight and prefill queued (its leases).
     pub inflight: u32,
     pub queued_tokens: u64,
+    /// The other instances' fresh figures (peer link), which the decision
+    /// adds to the own ones.
+    #[serde(default)]
+    pub peer_inflight: u32,
+    #[serde(default)]
+    pub peer_queued_tokens: u64,
     pub engine_running: u32,
     pub engine_waiting: u32,
     pub engine_kv_usage: f64,

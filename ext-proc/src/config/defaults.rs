@@ -103,6 +103,7 @@ impl Default for PeersConfig {
             max_pending: 8192,
             stream_max_len: 4096,
             max_batch_bytes: 16384,
+            load_stale_ms: 1000,
         }
     }
 }

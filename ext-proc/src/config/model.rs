@@ -98,6 +98,11 @@ pub struct PeersConfig {
     pub stream_max_len: u64,
     /// Largest batch written in one stream entry.
     pub max_batch_bytes: usize,
+    /// Instances also share their per-replica load (requests in flight,
+    /// prefill queued); a peer's report counts for this long after it was
+    /// written, so a stopped peer's load stops counting within it. 0: load
+    /// is not shared.
+    pub load_stale_ms: u64,
 }
 
 /// A member that leaves (its source or the config no longer lists it) stops

@@ -1,5 +1,5 @@
 //! The peer link: what several instances of one deployment share through
-//! Redis. Two things, both lossy by design and never on a decision's path:
+//! Redis. Three things, all lossy by design and never on a decision's path:
 //!
 //! - Prefix changes. Each instance's writer hands its own (a routed
 //!   request's blocks, a cache seen lost) to a bounded outbox; every
@@ -11,10 +11,18 @@
 //!   any instance; an entry of another instance's decision is sent to that
 //!   instance's own stream, read by it on its next round, where it ends
 //!   the lease and counts the outcome (`observe::forward`).
+//! - Load. Every round, when its own per-replica load changed (or to keep
+//!   a busy report fresh), an instance writes it to one more stream; the
+//!   others keep each instance's latest report for `load_stale_ms` after
+//!   it was written (by Redis's clock: `TIME` in the same round trip
+//!   against the entry's id) and store the sum of the fresh ones next to
+//!   their own counters (`state::peer_load`), which is what decisions read.
 //!
 //! Redis slow or gone: a round trip is bounded by `timeout_ms`; the
 //! instance routes on its own decisions alone, says so once in the log and
-//! in `fleetroute_peers_up`, keeps the newest `max_pending` changes and
+//! in `fleetroute_peers_up`, counts the peers' load until their reports go
+//! stale (then its own only: `fleetroute_peer_load_peers` 0), keeps the
+//! newest `max_pending` changes and
 //! entries, and sends them (and reads what it missed, as far as the stream
 //! still holds it) when Redis answers again. Memory in Redis is bounded by
 //! `stream_max_len` batches per stream of at most `max_batch_bytes` each.
@@ -23,7 +31,7 @@ pub mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::streams::StreamReadReply;
 use tokio::sync::mpsc;
@@ -32,7 +40,9 @@ use crate::config::PeersConfig;
 use crate::metrics::Metrics;
 use crate::redis_link::RedisLink;
 use crate::state::peer::PeerUpdate;
+use crate::state::peer_load::{LoadReport, PeerLoads, Received, Reporter};
 use crate::state::{Event, Shared};
+use crate::topology::Topology;
 
 /// Batches read per stream per round; more wait for the next round.
 const READ_PER_ROUND: usize = 256;
@@ -44,6 +54,9 @@ const OWNERS_PER_ROUND: usize = 64;
 const CATCH_UP: Duration = Duration::from_secs(60);
 /// Streams of instances that stopped vanish after this.
 const STREAM_TTL_MS: u64 = 600_000;
+/// Load reports the load stream keeps: only each instance's latest counts,
+/// so this is a backlog for a reader a few rounds late, not history.
+const LOAD_STREAM_LEN: u64 = 1024;
 
 /// An instance's name on the link and in its decisions' route tags.
 pub fn valid_instance_id(s: &str) -> bool {
@@ -107,6 +120,10 @@ pub fn start(
         .map_err(|e| format!("peers.redis_url: {:?}", e.kind()))?;
     let (ftx, frx) = mpsc::channel(cfg.max_pending);
     let (in_tx, in_rx) = mpsc::channel(cfg.max_pending);
+    let stale = Duration::from_millis(cfg.load_stale_ms);
+    // Unchanged busy figures are refreshed four times per bound, so one or
+    // two late rounds do not let them lapse.
+    let refresh = (stale / 4).max(Duration::from_millis(cfg.flush_ms));
     let task = Task {
         shared: shared.clone(),
         redis,
@@ -114,13 +131,18 @@ pub fn start(
         instance: instance.to_string(),
         prefix_key: format!("{}:peers:prefix", cfg.prefix),
         own_key: log_key(&cfg.prefix, instance),
+        load_key: format!("{}:peers:load", cfg.prefix),
         updates,
         forwards: frx,
         forwarded: in_tx,
         pending: VecDeque::new(),
         pending_fwd: VecDeque::new(),
-        last_prefix: start_id(),
-        last_own: start_id(),
+        last_prefix: start_id(CATCH_UP),
+        last_own: start_id(CATCH_UP),
+        // Older reports are stale anyway; live peers refresh theirs.
+        last_load: start_id(stale),
+        reporter: Reporter::new(refresh),
+        loads: PeerLoads::new(stale),
         up: None,
     };
     tokio::spawn(task.run());
@@ -137,13 +159,18 @@ fn log_key(prefix: &str, instance: &str) -> String {
     format!("{prefix}:peers:log:{instance}")
 }
 
-/// A stream id a minute ago (Redis ids are milliseconds since the epoch).
-fn start_id() -> String {
+/// A stream id `ago` before now (Redis ids are milliseconds since the epoch).
+fn start_id(ago: Duration) -> String {
     let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()
-        .saturating_sub(CATCH_UP);
+        .saturating_sub(ago);
     format!("{}-0", now.as_millis())
+}
+
+/// The milliseconds of a stream entry id (`ms-seq`).
+fn id_ms(id: &str) -> Option<u64> {
+    id.split_once('-').map_or(id, |(ms, _)| ms).parse().ok()
 }
 
 struct Task {
@@ -153,6 +180,7 @@ struct Task {
     instance: String,
     prefix_key: String,
     own_key: String,
+    load_key: String,
     updates: mpsc::Receiver<PeerUpdate>,
     forwards: mpsc::Receiver<Forward>,
     forwarded: mpsc::Sender<Vec<u8>>,
@@ -160,6 +188,10 @@ struct Task {
     pending_fwd: VecDeque<Forward>,
     last_prefix: String,
     last_own: String,
+    last_load: String,
+    reporter: Reporter,
+    /// The other instances' latest load reports.
+    loads: PeerLoads,
     /// Whether the last round trip succeeded (none before the first).
     up: Option<bool>,
 }
@@ -212,27 +244,51 @@ impl Task {
         true
     }
 
+    fn share_load(&self) -> bool {
+        self.cfg.load_stale_ms > 0
+    }
+
     async fn round(&mut self) {
+        let topo = self.shared.snapshot().topo.clone();
+        let now = Instant::now();
         let mut pipe = redis::pipe();
-        let written = self.write(&mut pipe);
+        let mut written = self.write(&mut pipe);
+        let report = self
+            .share_load()
+            .then(|| LoadReport::own(&topo))
+            .filter(|r| self.reporter.due(r, now));
+        if let Some(r) = &report {
+            written.bytes += self.write_load(&mut pipe, r);
+        }
+        // Redis's clock, to age the load reports read below by one clock.
+        pipe.cmd("TIME");
         pipe.cmd("XREAD")
             .arg("COUNT")
             .arg(READ_PER_ROUND)
             .arg("STREAMS")
             .arg(&self.prefix_key)
-            .arg(&self.own_key)
-            .arg(&self.last_prefix)
-            .arg(&self.last_own);
-        let reply: redis::RedisResult<(Option<StreamReadReply>,)> = async {
+            .arg(&self.own_key);
+        if self.share_load() {
+            pipe.arg(&self.load_key);
+        }
+        pipe.arg(&self.last_prefix).arg(&self.last_own);
+        if self.share_load() {
+            pipe.arg(&self.last_load);
+        }
+        let reply: redis::RedisResult<((u64, u64), Option<StreamReadReply>)> = async {
             let mut c = self.redis.connection().await?;
             pipe.query_async(&mut c).await
         }
         .await;
         match reply {
-            Ok((read,)) => {
+            Ok(((secs, micros), read)) => {
                 self.sent(written);
+                if let Some(r) = report {
+                    self.reporter.sent(r, now);
+                    Metrics::count(&self.shared.metrics.peer_load_reports, "sent", 1);
+                }
                 if let Some(read) = read {
-                    self.read(read);
+                    self.read(read, &topo, secs * 1000 + micros / 1000);
                 }
                 if self.up != Some(true) {
                     if self.up.is_some() {
@@ -254,6 +310,64 @@ impl Task {
                 self.up = Some(false);
             }
         }
+        // Every round, answered or not: reports past their bound stop
+        // counting even while Redis is gone.
+        if self.share_load() {
+            // The topology now, not the round's: membership may have changed
+            // during the round trip, and figures go to the current slots.
+            let topo = self.shared.snapshot().topo.clone();
+            let peers = self.loads.apply(&topo, Instant::now());
+            self.shared.metrics.peer_load_peers.set(peers as i64);
+        }
+    }
+
+    /// Adds this instance's load report to `pipe`; returns its bytes.
+    fn write_load(&self, pipe: &mut redis::Pipeline, report: &LoadReport) -> u64 {
+        let (bytes, left) = wire::encode_load(report, self.cfg.max_batch_bytes);
+        if left > 0 {
+            Metrics::count(&self.shared.metrics.peer_load_reports, "truncated", 1);
+        }
+        pipe.cmd("XADD")
+            .arg(&self.load_key)
+            .arg("MAXLEN")
+            .arg("~")
+            .arg(LOAD_STREAM_LEN)
+            .arg("*")
+            .arg("i")
+            .arg(&self.instance)
+            .arg("b")
+            .arg(&bytes)
+            .ignore();
+        pipe.cmd("PEXPIRE")
+            .arg(&self.load_key)
+            .arg(STREAM_TTL_MS)
+            .ignore();
+        bytes.len() as u64
+    }
+
+    /// Another instance's load report, read at Redis time `redis_ms`.
+    fn read_load(&mut self, topo: &Topology, id: &str, from: &str, bytes: &[u8], redis_ms: u64) {
+        let m = &self.shared.metrics;
+        let report = wire::decode_load(bytes).filter(|_| valid_instance_id(from));
+        let Some(report) = report else {
+            Metrics::count(&m.peer_load_reports, "bad", 1);
+            return;
+        };
+        // Both instants are Redis's: no two machines' clocks compared.
+        let age = id_ms(id).map_or(Duration::ZERO, |w| {
+            Duration::from_millis(redis_ms.saturating_sub(w))
+        });
+        let result = match self.loads.receive(topo, from, report, age, Instant::now()) {
+            Received::Kept { unknown } => {
+                if unknown > 0 {
+                    Metrics::count(&m.peer_load_reports, "unknown", 1);
+                }
+                "received"
+            }
+            Received::Stale => "stale",
+            Received::Ignored => "ignored",
+        };
+        Metrics::count(&m.peer_load_reports, result, 1);
     }
 
     /// Adds this round's writes to `pipe`: prefix batches, then forwarded
@@ -357,13 +471,15 @@ impl Task {
         Metrics::count(&m.peer_bytes, "sent", w.bytes);
     }
 
-    fn read(&mut self, read: StreamReadReply) {
-        let m = &self.shared.metrics;
+    fn read(&mut self, read: StreamReadReply, topo: &Topology, redis_ms: u64) {
         for key in read.keys {
             let own = key.key == self.own_key;
+            let load = key.key == self.load_key;
             for entry in key.ids {
                 if own {
                     self.last_own.clone_from(&entry.id);
+                } else if load {
+                    self.last_load.clone_from(&entry.id);
                 } else {
                     self.last_prefix.clone_from(&entry.id);
                 }
@@ -374,8 +490,12 @@ impl Task {
                 if !own && from.as_deref() == Some(self.instance.as_str()) {
                     continue;
                 }
+                let m = &self.shared.metrics;
                 Metrics::count(&m.peer_bytes, "received", bytes.len() as u64);
-                if own {
+                if load {
+                    let from = from.unwrap_or_default();
+                    self.read_load(topo, &entry.id, &from, &bytes, redis_ms);
+                } else if own {
                     match wire::decode_items(&bytes) {
                         Some(items) => {
                             for item in items {

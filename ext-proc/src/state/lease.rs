@@ -232,10 +232,13 @@ impl Leases {
 
     /// The engine reports `engine_count` requests (running + waiting) while
     /// the router holds more leases older than `grace` on it: release the
-    /// oldest of those beyond the engine's count.
+    /// oldest of those beyond the engine's count. Only this instance's own
+    /// leases count: the engine's figure includes the peers' requests, and
+    /// each instance releasing a share of a joint surplus could release
+    /// more than there is.
     pub fn reconcile(&self, load: &Arc<ReplicaLoad>, engine_count: u32, grace: Duration) -> u32 {
         // Cheap check first: the walk below only runs on a surplus.
-        if load.inflight() <= engine_count {
+        if load.own_inflight() <= engine_count {
             return 0;
         }
         let now = Instant::now();

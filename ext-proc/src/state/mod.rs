@@ -11,7 +11,8 @@
 //!   reconciling with the engine); the engine's own queue and KV-cache
 //!   figures are stored by the scraper (`scrape`). They change per request,
 //!   faster than a snapshot could be republished, and the decision reads them
-//!   live.
+//!   live. With a peer link, the other instances' load sits next to them
+//!   (written only by the link's task, see `peer_load`).
 //! - `lease::Leases` (a bounded concurrent cache of guards, by decision
 //!   nonce): filled by the request path, emptied by the observer, by expiry
 //!   (run on the writer's tick) and by the scraper's reconciliation.
@@ -49,6 +50,7 @@ mod model;
 pub mod observation;
 pub mod outlier;
 pub mod peer;
+pub mod peer_load;
 pub mod prefix_index;
 mod recorder;
 pub mod saturation;

@@ -171,6 +171,7 @@ pub(super) fn gauges(
                 })
                 .set(n as i64);
         }
+        // Own load only: the dashboard sums the series over instances.
         for r in fleet.replicas.values() {
             let l = Replica {
                 fleet: fleet.name.clone(),
@@ -178,10 +179,10 @@ pub(super) fn gauges(
             };
             m.inflight
                 .get_or_create(&l)
-                .set(i64::from(r.load.inflight()));
+                .set(i64::from(r.load.own_inflight()));
             m.queued_tokens
                 .get_or_create(&l)
-                .set(r.load.pending_prefill() as i64);
+                .set(r.load.own_pending_prefill() as i64);
         }
     }
     for stage in &topo.stages {

@@ -2,6 +2,13 @@
 //! both counted by the router, and the queue and KV-cache figures the engine
 //! itself reports. Atomics, so the decision path reads them without a lock and
 //! every request updates them.
+//!
+//! With several instances, each counts its own requests (its leases) and
+//! the peer link stores the sum of the other instances' latest fresh
+//! figures next to them (`set_peers`, `state::peer_load`). What the decision
+//! reads (`inflight`, `pending_prefill`, `prefilling`) is both; what this
+//! instance reports, reconciles and exports as metrics is its own
+//! (`own_*`), so nothing is counted twice when the figures travel.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
@@ -19,19 +26,85 @@ pub struct ReplicaLoad {
     engine_waiting: AtomicU32,
     /// KV-cache usage in parts per 10 000.
     engine_kv_usage: AtomicU32,
+    /// The other instances' requests in flight, prefill tokens and requests
+    /// not yet answering here, summed; only the peer link writes them.
+    peer_inflight: AtomicU32,
+    peer_pending_prefill: AtomicU64,
+    peer_prefilling: AtomicU32,
+}
+
+/// One replica's load as one instance counts it, or as peers sum it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadFigures {
+    pub inflight: u32,
+    pub prefilling: u32,
+    pub pending_prefill: u64,
+}
+
+impl LoadFigures {
+    pub fn is_zero(&self) -> bool {
+        *self == LoadFigures::default()
+    }
+
+    pub fn add(&mut self, o: &LoadFigures) {
+        self.inflight = self.inflight.saturating_add(o.inflight);
+        self.prefilling = self.prefilling.saturating_add(o.prefilling);
+        self.pending_prefill = self.pending_prefill.saturating_add(o.pending_prefill);
+    }
 }
 
 impl ReplicaLoad {
+    /// Requests in flight: this instance's and its peers'.
     pub fn inflight(&self) -> u32 {
+        self.own_inflight()
+            .saturating_add(self.peer_inflight.load(Relaxed))
+    }
+
+    /// Prefill tokens queued: this instance's and its peers'.
+    pub fn pending_prefill(&self) -> u64 {
+        self.own_pending_prefill()
+            .saturating_add(self.peer_pending_prefill.load(Relaxed))
+    }
+
+    /// Requests not yet answering: this instance's and its peers'.
+    pub fn prefilling(&self) -> u32 {
+        self.prefilling
+            .load(Relaxed)
+            .saturating_add(self.peer_prefilling.load(Relaxed))
+    }
+
+    /// Requests in flight under this instance's own leases.
+    pub fn own_inflight(&self) -> u32 {
         self.inflight.load(Relaxed)
     }
 
-    pub fn pending_prefill(&self) -> u64 {
+    pub fn own_pending_prefill(&self) -> u64 {
         self.pending_prefill.load(Relaxed)
     }
 
-    pub fn prefilling(&self) -> u32 {
-        self.prefilling.load(Relaxed)
+    /// This instance's own figures, as it reports them to its peers.
+    pub fn own(&self) -> LoadFigures {
+        LoadFigures {
+            inflight: self.inflight.load(Relaxed),
+            prefilling: self.prefilling.load(Relaxed),
+            pending_prefill: self.pending_prefill.load(Relaxed),
+        }
+    }
+
+    /// The peers' summed figures last stored.
+    pub fn peers(&self) -> LoadFigures {
+        LoadFigures {
+            inflight: self.peer_inflight.load(Relaxed),
+            prefilling: self.peer_prefilling.load(Relaxed),
+            pending_prefill: self.peer_pending_prefill.load(Relaxed),
+        }
+    }
+
+    /// Replaces the peers' sum (the peer link, once per round).
+    pub fn set_peers(&self, f: &LoadFigures) {
+        self.peer_inflight.store(f.inflight, Relaxed);
+        self.peer_prefilling.store(f.prefilling, Relaxed);
+        self.peer_pending_prefill.store(f.pending_prefill, Relaxed);
     }
 
     pub fn engine_waiting(&self) -> u32 {
@@ -128,5 +201,37 @@ mod tests {
         let handle = std::thread::spawn(move || drop(b));
         handle.join().unwrap();
         assert_eq!((load.inflight(), load.pending_prefill()), (0, 0));
+    }
+
+    #[test]
+    fn the_decision_reads_own_and_peers_and_reports_own_only() {
+        let load = Arc::new(ReplicaLoad::default());
+        let g = load.start(100);
+        load.set_peers(&LoadFigures {
+            inflight: 3,
+            prefilling: 2,
+            pending_prefill: 900,
+        });
+        assert_eq!(
+            (load.inflight(), load.pending_prefill(), load.prefilling()),
+            (4, 1000, 3)
+        );
+        let own = LoadFigures {
+            inflight: 1,
+            prefilling: 1,
+            pending_prefill: 100,
+        };
+        assert_eq!(load.own(), own);
+        assert_eq!((load.own_inflight(), load.own_pending_prefill()), (1, 100));
+        drop(g);
+        load.set_peers(&LoadFigures::default());
+        assert_eq!((load.inflight(), load.pending_prefill()), (0, 0));
+        // Sums saturate rather than wrap.
+        let mut f = LoadFigures {
+            inflight: u32::MAX,
+            ..Default::default()
+        };
+        f.add(&own);
+        assert_eq!(f.inflight, u32::MAX);
     }
 }

@@ -66,6 +66,23 @@ struct Args {
     /// figures (`engine_metrics.interval_ms`), in ms.
     #[arg(long, default_value_t = 1000.0)]
     scrape_ms: f64,
+    /// With --routers: what the instances share, one run each (repeat the
+    /// flag; default all): nothing, prefixes, log (prefixes + access log
+    /// forwarded), load (prefixes + log + per-replica load).
+    #[arg(long, value_enum)]
+    sharing: Vec<Sharing>,
+    /// With --routers and load shared: how long a load report counts
+    /// (`peers.load_stale_ms`).
+    #[arg(long, default_value_t = 1000.0)]
+    load_stale_ms: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Sharing {
+    Nothing,
+    Prefixes,
+    Log,
+    Load,
 }
 
 /// One table row per instance count, spread and sharing, fleetroute only.
@@ -82,46 +99,55 @@ fn several_routers(a: &Args, cfg: &SimConfig, reqs: &[trace::TraceRequest]) {
             &[Spread::Alternate, Spread::Connection(a.connections)]
         };
         for &spread in spreads {
-            let sharing: &[(Option<f64>, bool)] = if n == 1 {
-                &[(None, false)]
+            let all = [
+                Sharing::Nothing,
+                Sharing::Prefixes,
+                Sharing::Log,
+                Sharing::Load,
+            ];
+            let sharing: &[Sharing] = if n == 1 {
+                &[Sharing::Nothing]
+            } else if a.sharing.is_empty() {
+                &all
             } else {
-                &[
-                    (None, false),
-                    (Some(a.share_ms), false),
-                    (Some(a.share_ms), true),
-                ]
+                &a.sharing
             };
-            for &(share_ms, forward) in sharing {
+            for &s in sharing {
                 runs.push(Options {
                     routers: n,
                     spread,
-                    share_ms,
-                    forward,
+                    share_ms: (s != Sharing::Nothing).then_some(a.share_ms),
+                    forward: matches!(s, Sharing::Log | Sharing::Load),
+                    load_stale_ms: (s == Sharing::Load).then_some(a.load_stale_ms),
                     log_flush_ms: a.log_flush_ms,
                 });
             }
         }
     }
     println!(
-        "| routers | spread | shared | hit rate | TTFT p50 ms | p90 ms | p99 ms | max/mean requests | rejected | leases logged / expired / reconciled | entries foreign / late | lease overhang mean ms |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|"
+        "| routers | spread | shared | hit rate | TTFT p50 ms | p90 ms | p99 ms | max/mean requests | rejected | leases logged / expired / reconciled | entries foreign / late | lease overhang mean ms | link bytes per request: prefixes / load (reports) |\n|---:|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|---|"
     );
     for o in runs {
         let spread = match o.spread {
             Spread::Alternate => "alternate".to_string(),
             Spread::Connection(c) => format!("connection ({c})"),
         };
-        let shared = match (o.share_ms, o.forward) {
-            (None, _) => "nothing".to_string(),
-            (Some(ms), false) => format!("prefixes ({ms} ms)"),
-            (Some(ms), true) => format!("prefixes + log ({ms} ms)"),
+        let shared = match (o.share_ms, o.forward, o.load_stale_ms) {
+            (None, _, _) => "nothing".to_string(),
+            (Some(ms), false, _) => format!("prefixes ({ms} ms)"),
+            (Some(ms), true, None) => format!("prefixes + log ({ms} ms)"),
+            (Some(ms), true, Some(stale)) => {
+                format!("prefixes + log + load ({ms} ms, stale {stale} ms)")
+            }
         };
         let mut m = MultiRouter::new(&cfg, reqs.len(), o, "fleetroute");
         let out = sim::run(&cfg, reqs, &mut m);
         let r = row(String::new(), &out);
         let c = m.counts;
         let finished = (c.logged + c.expired + c.reconciled).max(1);
+        let per_req = |b: u64| b as f64 / reqs.len().max(1) as f64;
         println!(
-            "| {} | {spread} | {shared} | {:.3} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} / {} / {} | {} / {} | {:.0} |",
+            "| {} | {spread} | {shared} | {:.3} | {:.0} | {:.0} | {:.0} | {:.2} | {} | {} / {} / {} | {} / {} | {:.0} | {:.0} / {:.0} ({}) |",
             o.routers,
             r.hit_rate,
             r.ttft_p50,
@@ -135,6 +161,9 @@ fn several_routers(a: &Args, cfg: &SimConfig, reqs: &[trace::TraceRequest]) {
             c.foreign,
             c.late,
             c.overhang_ms / finished as f64,
+            per_req(m.bytes.prefix),
+            per_req(m.bytes.load),
+            m.bytes.load_reports,
         );
     }
     println!();

@@ -72,6 +72,8 @@ pub struct LabSpec<'a> {
     /// Called with the replicas (name → address) before fleetroute starts:
     /// a membership source (a test DNS server) lists them from the start.
     pub before_router: Option<&'a dyn Fn(&Replicas)>,
+    /// More `peers` fields with `peers_redis`, e.g. `load_stale_ms: 0`.
+    pub peers_options: &'a str,
 }
 
 /// One fleetroute instance beyond the first (`Lab::fleetroute`).
@@ -184,8 +186,12 @@ impl Lab {
 
         let redis = spec.peers_redis.then(|| redis::Redis::start(dir.path()));
         if let Some(r) = &redis {
+            let more = match spec.peers_options {
+                "" => String::new(),
+                o => format!(", {o}"),
+            };
             router = format!(
-                "peers: {{ redis_url: \"{}\", flush_ms: 20 }}\n{router}",
+                "peers: {{ redis_url: \"{}\", flush_ms: 20{more} }}\n{router}",
                 r.url()
             );
         }
@@ -470,6 +476,25 @@ impl Lab {
     /// Requests instance `i` still counts in flight (`/debug/snapshot`).
     pub fn instance_inflight(&self, i: usize) -> Option<u64> {
         inflight_at(&self.admins()[i])
+    }
+
+    /// Instance `i`'s view of each replica's requests in flight, by
+    /// address: (its own, the sum of its peers' fresh reports).
+    pub fn instance_replica_load(&self, i: usize) -> Option<BTreeMap<String, (u64, u64)>> {
+        let url = format!("{}/debug/snapshot", self.admins()[i]);
+        let (_, body) = client::blocking_get(&url)?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let mut out = BTreeMap::new();
+        for f in v["fleets"].as_array()? {
+            for r in f["replicas"].as_array()? {
+                let n = |k: &str| r[k].as_u64().unwrap_or(0);
+                out.insert(
+                    r["addr"].as_str()?.to_string(),
+                    (n("inflight"), n("peer_inflight")),
+                );
+            }
+        }
+        Some(out)
     }
 
     pub fn wait_router_ready(&mut self) {

@@ -28,14 +28,23 @@
 //!   beat: a change reaches another instance at the sender's next flush
 //!   then the receiver's next read. Forwarded access log entries take the
 //!   same path to their owner.
+//! - With load shared, each instance's link also reports its own
+//!   per-replica load on its beat (fleetroute's `Reporter`: when it
+//!   changed, or to keep it fresh), and the others count it from their next
+//!   beat until it is `load_stale_ms` old (fleetroute's `PeerLoads`, the
+//!   sum stored next to their own counters, where the decision reads it).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
+use std::time::Duration;
+
 use fleetroute::config::LeaseConfig;
+use fleetroute::peers::wire;
 use fleetroute::state::Event;
 use fleetroute::state::lease::{LeaseInput, bounds};
 use fleetroute::state::peer::PeerUpdate;
+use fleetroute::state::peer_load::{LoadReport, PeerLoads, Reporter};
 use tokio::sync::mpsc::Receiver;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -67,6 +76,9 @@ pub struct Options {
     /// Access log entries of another instance's decision are forwarded to
     /// it (needs `share_ms`: the same link and beat).
     pub forward: bool,
+    /// Per-replica load is reported on the same beat and counts for this
+    /// many ms after it was written (needs `share_ms`; none: not shared).
+    pub load_stale_ms: Option<f64>,
     pub log_flush_ms: f64,
 }
 
@@ -85,9 +97,19 @@ pub struct LeaseCounts {
     pub overhang_ms: f64,
 }
 
+/// Bytes the instances wrote to the link, as fleetroute encodes them.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinkBytes {
+    pub prefix: u64,
+    pub load: u64,
+    pub load_reports: u64,
+}
+
 struct Instance {
     fr: Fleetroute,
     outbox: Option<Receiver<PeerUpdate>>,
+    reporter: Reporter,
+    loads: PeerLoads,
 }
 
 struct Lease {
@@ -113,6 +135,14 @@ enum Action {
     },
     PrefillBound(usize),
     LeaseBound(usize),
+    /// Instance `k`'s link reports its load.
+    Beat(usize),
+    LoadDeliver {
+        to: usize,
+        from: usize,
+        report: LoadReport,
+        written: f64,
+    },
 }
 
 pub struct MultiRouter {
@@ -127,6 +157,7 @@ pub struct MultiRouter {
     lease_cfg: LeaseConfig,
     scrape_ms: f64,
     pub counts: LeaseCounts,
+    pub bytes: LinkBytes,
     label: String,
 }
 
@@ -140,14 +171,23 @@ impl MultiRouter {
             "",
             "",
         );
+        let share = opts.share_ms.unwrap_or(1.0);
+        let stale = opts.load_stale_ms.unwrap_or(0.0);
+        let ms = |v: f64| Duration::from_secs_f64(v / 1000.0);
         let routers = (0..n)
             .map(|_| {
                 let mut fr = Fleetroute::new(&config, requests, cfg.block_tokens, label);
                 let outbox = opts.share_ms.map(|_| fr.share_updates());
-                Instance { fr, outbox }
+                Instance {
+                    fr,
+                    outbox,
+                    // As the peer link sets them up.
+                    reporter: Reporter::new(ms((stale / 4.0).max(share))),
+                    loads: PeerLoads::new(ms(stale)),
+                }
             })
             .collect();
-        MultiRouter {
+        let mut m = MultiRouter {
             opts: Options { routers: n, ..opts },
             routers,
             leases: (0..requests).map(|_| None).collect(),
@@ -158,8 +198,16 @@ impl MultiRouter {
             lease_cfg: config.leases.clone(),
             scrape_ms: cfg.scrape_ms.unwrap_or(1000.0),
             counts: LeaseCounts::default(),
+            bytes: LinkBytes::default(),
             label: label.to_string(),
+        };
+        if opts.share_ms.is_some() && opts.load_stale_ms.is_some() && n > 1 {
+            for k in 0..n {
+                let first = m.beat(k, 0.0);
+                m.push(first, Action::Beat(k));
+            }
         }
+        m
     }
 
     fn push(&mut self, at: f64, a: Action) {
@@ -191,6 +239,43 @@ impl MultiRouter {
 
     fn run(&mut self, t: f64, a: Action) {
         match a {
+            Action::Beat(k) => {
+                let at = self.routers[k].fr.at(t);
+                let topo = self.routers[k].fr.shared().snapshot().topo.clone();
+                let report = LoadReport::own(&topo);
+                if self.routers[k].reporter.due(&report, at) {
+                    self.bytes.load += wire::encode_load(&report, 1 << 20).0.len() as u64;
+                    self.bytes.load_reports += 1;
+                    for j in (0..self.opts.routers).filter(|&j| j != k) {
+                        let deliver = Action::LoadDeliver {
+                            to: j,
+                            from: k,
+                            report: report.clone(),
+                            written: t,
+                        };
+                        let when = self.beat(j, t);
+                        self.push(when, deliver);
+                    }
+                    self.routers[k].reporter.sent(report, at);
+                }
+                let r = &mut self.routers[k];
+                r.loads.apply(&topo, at);
+                let next = self.beat(k, t);
+                self.push(next, Action::Beat(k));
+            }
+            Action::LoadDeliver {
+                to,
+                from,
+                report,
+                written,
+            } => {
+                let r = &mut self.routers[to];
+                let at = r.fr.at(t);
+                let topo = r.fr.shared().snapshot().topo.clone();
+                let age = Duration::from_secs_f64((t - written).max(0.0) / 1000.0);
+                r.loads.receive(&topo, &from.to_string(), report, age, at);
+                r.loads.apply(&topo, at);
+            }
             Action::Deliver { to, update } => {
                 self.routers[to].fr.apply(t, Event::Peer(Box::new(update)));
             }
@@ -280,6 +365,7 @@ impl MultiRouter {
         if out.is_empty() {
             return;
         }
+        self.bytes.prefix += 3 + out.iter().map(wire::update_len).sum::<usize>() as u64;
         let sent = self.beat(k, now);
         for u in out {
             for j in (0..self.opts.routers).filter(|&j| j != k) {
@@ -448,6 +534,7 @@ mod tests {
             spread: Spread::Alternate,
             share_ms: share.then_some(25.0),
             forward: share,
+            load_stale_ms: None,
             log_flush_ms: 50.0,
         };
         let mut m = MultiRouter::new(&cfg, reqs.len(), opts, "t");

@@ -214,6 +214,12 @@ fn peers(p: &PeersConfig, e: &mut Errors) {
     e.in_range("peers.max_pending", p.max_pending, 1..=1_000_000);
     e.in_range("peers.stream_max_len", p.stream_max_len, 16..=1_000_000);
     e.in_range("peers.max_batch_bytes", p.max_batch_bytes, 1024..=1 << 20);
+    // A report must outlive the two rounds it takes to arrive.
+    e.ensure(
+        p.load_stale_ms == 0 || (2 * p.flush_ms..=60_000).contains(&p.load_stale_ms),
+        "peers.load_stale_ms",
+        "must be 0 (load not shared) or between 2 × flush_ms and 60000",
+    );
 }
 
 fn leases(ls: &LeaseConfig, e: &mut Errors) {

@@ -147,6 +147,10 @@ fn errors_name_the_field_path() {
             ),
             "stages[0].warmup.timeout_ms: must be at least 1",
         ),
+        (
+            format!("peers: {{ flush_ms: 25, load_stale_ms: 40 }}\n{GOOD}"),
+            "peers.load_stale_ms: must be 0 (load not shared) or between 2 × flush_ms and 60000",
+        ),
     ];
     for (yaml, want) in cases {
         let got = errors(&yaml);
