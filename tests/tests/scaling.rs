@@ -10,8 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use fleetroute_tests::harness::client::{
 };
 use fleetroute_tests::harness::dns::{DnsServer, srv_name};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, chat_url};
+use fleetroute_tests::harness::steady_load::{LoadSpec, SteadyLoad, served_by};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -46,114 +47,17 @@ stages:
     fleets: [pool]
 "#;
 
-/// Bounded steady load: non-streamed and streamed requests over many
-/// sampling keys, each key sending several turns.
-struct Load {
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    /// Replica name → requests it served.
-    served: Arc<Mutex<BTreeMap<String, u64>>>,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-fn served_by(r: &reqwest::blocking::Response) -> String {
-    r.headers()
-        .get("x-served-by")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("?")
-        .to_string()
-}
-
-impl Load {
-    fn start(lab: &Lab, threads: usize, cap: u64) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let served = Arc::new(Mutex::new(BTreeMap::new()));
-        let threads = (0..threads)
-            .map(|t| {
-                let (stop, sent, failed, served) =
-                    (stop.clone(), sent.clone(), failed.clone(), served.clone());
-                let url = chat_url(lab);
-                thread::spawn(move || {
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) && i < cap {
-                        // 200 keys per thread, three turns each before the next.
-                        let key = format!("load-{t}-{}", (i / 3) % 200);
-                        let stream = i % 2 == 1;
-                        let r = client()
-                            .post(&url)
-                            .header("content-type", "application/json")
-                            .body(chat_body("m1", Some(&key), "hi there", stream))
-                            .send();
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        let ok = match r {
-                            Ok(mut r) if r.status() == 200 => {
-                                let by = served_by(&r);
-                                let mut body = String::new();
-                                let read = r.read_to_string(&mut body).is_ok();
-                                let done = !stream || body.contains("[DONE]");
-                                if read && done {
-                                    *served.lock().unwrap().entry(by).or_default() += 1;
-                                    true
-                                } else {
-                                    eprintln!("load: {key}: body cut short: {body:.200}");
-                                    false
-                                }
-                            }
-                            Ok(r) => {
-                                eprintln!("load: {key}: status {}", r.status());
-                                false
-                            }
-                            Err(e) => {
-                                eprintln!("load: {key}: {e}");
-                                false
-                            }
-                        };
-                        if !ok {
-                            failed.fetch_add(1, Ordering::Relaxed);
-                        }
-                        i += 1;
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            sent,
-            failed,
-            served,
-            threads,
-        }
-    }
-
-    fn served(&self, replica: &str) -> u64 {
-        self.served
-            .lock()
-            .unwrap()
-            .get(replica)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
-    }
-
-    fn failed(&self) -> u64 {
-        self.failed.load(Ordering::Relaxed)
-    }
-
-    fn finish(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        )
+/// Non-streamed and streamed requests over 200 sampling keys per client,
+/// three turns each.
+fn steady(threads: usize) -> LoadSpec {
+    LoadSpec {
+        threads,
+        cap: 50_000,
+        keys: 200,
+        turns: 3,
+        streamed: true,
+        prompt: "hi there",
+        ..Default::default()
     }
 }
 
@@ -311,7 +215,7 @@ fn a_dns_fleet_grows_and_shrinks_under_load_through_envoy() {
         &listed.values().cloned().collect::<BTreeSet<_>>(),
     );
 
-    let load = Load::start(&lab, 3, 50_000);
+    let load = SteadyLoad::start(&lab, steady(3));
     wait_until("load to start", Duration::from_secs(30), || {
         load.sent() >= 30
     });
@@ -492,7 +396,7 @@ fn a_dns_outage_keeps_the_fleet_and_a_restart_during_it_keeps_envoys_endpoints()
     );
     let want: BTreeSet<String> = lab.replicas.values().cloned().collect();
     wait_members(&lab, "at start", &want);
-    let load = Load::start(&lab, 2, 50_000);
+    let load = SteadyLoad::start(&lab, steady(2));
     wait_until("load to start", Duration::from_secs(30), || {
         load.sent() >= 20
     });
