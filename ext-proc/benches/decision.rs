@@ -134,6 +134,7 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
                 replica: *d.replicas.head(),
                 key_source: "content",
                 arm: "none",
+                pick: "key",
                 shadow: None,
                 prompt_tokens: (p.len() * 16) as u64,
                 blocks: p.clone(),

@@ -10,13 +10,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::thread;
 use std::time::{Duration, Instant};
 
 use fleetroute_tests::harness::client::{blocking_get, chat_body, chat_body_tokens, client, post};
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, chat_url};
+use fleetroute_tests::harness::steady_load::{LoadSpec, SteadyLoad};
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
@@ -167,104 +165,6 @@ fn reload_and_time(lab: &Lab, text: &str) -> Duration {
     }
 }
 
-/// A bounded steady load: `threads` clients, each sending requests with
-/// rotating keys until stopped (at most `cap` each).
-struct Load {
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicU64>,
-    failed: Arc<AtomicU64>,
-    served: Arc<std::sync::Mutex<BTreeMap<String, u64>>>,
-    threads: Vec<thread::JoinHandle<()>>,
-}
-
-impl Load {
-    fn start(lab: &Lab, threads: usize, cap: u64) -> Load {
-        let stop = Arc::new(AtomicBool::new(false));
-        let sent = Arc::new(AtomicU64::new(0));
-        let failed = Arc::new(AtomicU64::new(0));
-        let served = Arc::new(std::sync::Mutex::new(BTreeMap::new()));
-        let threads = (0..threads)
-            .map(|t| {
-                let (stop, sent, failed, served) =
-                    (stop.clone(), sent.clone(), failed.clone(), served.clone());
-                let url = chat_url(lab);
-                thread::spawn(move || {
-                    let mut i = 0u64;
-                    while !stop.load(Ordering::Relaxed) && i < cap {
-                        let r = client()
-                            .post(&url)
-                            .header("content-type", "application/json")
-                            .body(chat_body(
-                                "m1",
-                                Some(&format!("load-{t}-{}", i % 64)),
-                                "hi",
-                                false,
-                            ))
-                            .send();
-                        sent.fetch_add(1, Ordering::Relaxed);
-                        match r {
-                            Ok(r) if r.status() == 200 => {
-                                let by = r
-                                    .headers()
-                                    .get("x-served-by")
-                                    .and_then(|v| v.to_str().ok())
-                                    .unwrap_or("?")
-                                    .to_string();
-                                *served.lock().unwrap().entry(by).or_default() += 1;
-                            }
-                            Ok(r) => {
-                                failed.fetch_add(1, Ordering::Relaxed);
-                                eprintln!(
-                                    "load: status {}: {}",
-                                    r.status(),
-                                    r.text().unwrap_or_default()
-                                );
-                            }
-                            Err(e) => {
-                                failed.fetch_add(1, Ordering::Relaxed);
-                                eprintln!("load: {e}");
-                            }
-                        }
-                        i += 1;
-                    }
-                })
-            })
-            .collect();
-        Load {
-            stop,
-            sent,
-            failed,
-            served,
-            threads,
-        }
-    }
-
-    fn served(&self, replica: &str) -> u64 {
-        self.served
-            .lock()
-            .unwrap()
-            .get(replica)
-            .copied()
-            .unwrap_or(0)
-    }
-
-    fn sent(&self) -> u64 {
-        self.sent.load(Ordering::Relaxed)
-    }
-
-    /// Stops the clients; (sent, failed).
-    fn finish(self) -> (u64, u64) {
-        self.stop.store(true, Ordering::Relaxed);
-        for t in self.threads {
-            t.join().unwrap();
-        }
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-        )
-    }
-}
-
 fn ms(d: &[Duration]) -> String {
     let v: Vec<String> = d
         .iter()
@@ -297,7 +197,7 @@ fn envoy_follows_fleetroutes_members_through_grow_and_shrink_under_load() {
     let two = with_base(&lab, &[&b1, &b2]);
     let four = with_base(&lab, &[&b1, &b2, &b3, &b4]);
 
-    let load = Load::start(&lab, 3, 20_000);
+    let load = SteadyLoad::start(&lab, LoadSpec::default());
     wait_until("load to start", Duration::from_secs(30), || {
         load.sent() >= 20
     });

@@ -121,6 +121,7 @@ impl Default for ScalingConfig {
         ScalingConfig {
             target_queue: 4.0,
             target_tokens_per_sec: None,
+            scale_down_after_ms: 5_000,
         }
     }
 }

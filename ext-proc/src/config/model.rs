@@ -154,6 +154,9 @@ pub struct ScalingConfig {
     pub target_queue: f64,
     /// Tokens (prompt + completion) per second per replica.
     pub target_tokens_per_sec: Option<f64>,
+    /// How long the computed desired count must stay lower before the
+    /// published one falls (a rise is published at once).
+    pub scale_down_after_ms: u64,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]

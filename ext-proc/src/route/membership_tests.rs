@@ -284,3 +284,44 @@ fn a_fleet_left_with_no_member_fails_over_within_residency_else_503() {
     rig.members(0, &[3]);
     assert_eq!(fleet_of("m").unwrap(), "dyn");
 }
+
+#[test]
+fn a_decision_says_whether_the_key_or_load_picked_its_replica() {
+    let mut rig = Rig::new(DNS_FLEET);
+    rig.members(0, &[0, 1, 2, 3]);
+    let snap = rig.shared.snapshot_full();
+    // No prefix, no load: every key goes to its rendezvous choice.
+    for k in 0..50 {
+        assert_eq!(decide(&snap, &key(k, Vec::new()), k).unwrap().pick, "key");
+    }
+    // Key 7's home is past the bounded-load guard: load picks another.
+    let home = *decide(&snap, &key(7, Vec::new()), 7)
+        .unwrap()
+        .replicas
+        .head();
+    let held: Vec<RequestGuard> = (0..12)
+        .map(|_| snap.topo.fleets[0].replicas[home].load.start(64))
+        .collect();
+    let d = decide(&snap, &key(7, Vec::new()), 7).unwrap();
+    assert_ne!(*d.replicas.head(), home);
+    assert_eq!(d.pick, "load_guard");
+    drop(held);
+    // A prompt cached on another replica only: the prefix picks it.
+    let blocks: Vec<u64> = (0..8).collect();
+    let p = block_on(place(&rig.shared, key(1, blocks.clone()), 1)).unwrap();
+    let cached_on = *p.decision.replicas.head();
+    p.guard.release();
+    rig.w.drain(rig.now);
+    let other = (2..200)
+        .find(|&k| {
+            *decide(&rig.shared.snapshot_full(), &key(k, Vec::new()), k)
+                .unwrap()
+                .replicas
+                .head()
+                != cached_on
+        })
+        .unwrap();
+    let d = decide(&rig.shared.snapshot_full(), &key(other, blocks), other).unwrap();
+    assert_eq!(*d.replicas.head(), cached_on);
+    assert_eq!(d.pick, "prefix");
+}

@@ -33,6 +33,8 @@ pub struct Decision {
     pub uncached_tokens: u64,
     /// Prefill tokens already waiting on it.
     pub queued_tokens: u64,
+    /// Why this replica (`replica::ReplicaChoice::pick`).
+    pub pick: &'static str,
     pub arm: experiment::Arm,
     /// A shadow fleet to mirror the request to.
     pub shadow: Option<FleetId>,
@@ -177,6 +179,7 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         cached_tokens: choice.cached_tokens,
         uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
         queued_tokens: choice.queued_tokens,
+        pick: choice.pick,
         arm,
         shadow: experiment::shadow(stage, snap, key, cf.fleet),
         sampling_key: key.conversation(),

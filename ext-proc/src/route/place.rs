@@ -71,6 +71,7 @@ pub async fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Place
         replica: *decision.replicas.head(),
         key_source: key.key_source.map_or("none", |s| s.as_str()),
         arm: decision.arm.as_str(),
+        pick: decision.pick,
         shadow: decision.shadow,
         prompt_tokens: u64::from(key.prompt_tokens),
         blocks: key.blocks,

@@ -15,9 +15,46 @@
 //! base scales first and the burst fleet shrinks first. Other policies keep
 //! each fleet's own need. Either way the stage's total stays in its range
 //! (config validation ensures the fleets' minimums fit in it).
+//!
+//! The published count rises at once and falls only after the computed one
+//! has stayed lower for `scaling.scale_down_after_ms`, to the highest value
+//! it had meanwhile: in-flight counts sampled every tick swing by a request
+//! or two, and a load near a replica boundary would otherwise flip the
+//! count every tick, starting and stopping a replica each time. Every fleet
+//! waits as long, so the burst fleet still shrinks before the base.
+
+use std::time::{Duration, Instant};
 
 use super::model::FleetModel;
 use crate::topology::{Policy, ReplicaId, Topology};
+
+/// The published desired count of one fleet, held against brief dips.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepDown {
+    held: u32,
+    /// Since when the computed count has been below `held`, and its highest
+    /// value since.
+    below: Option<(Instant, u32)>,
+}
+
+impl StepDown {
+    /// Takes this tick's computed count; the count to publish.
+    pub fn update(&mut self, computed: u32, hold: Duration, now: Instant) -> u32 {
+        if computed >= self.held {
+            self.held = computed;
+            self.below = None;
+            return self.held;
+        }
+        let (since, highest) = self.below.get_or_insert((now, computed));
+        *highest = (*highest).max(computed);
+        if now.duration_since(*since) >= hold {
+            self.held = *highest;
+            // Lower still: the next step down waits its own hold.
+            self.below = (computed < self.held).then_some((now, computed));
+        }
+        self.held
+    }
+}
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Signal {
@@ -90,7 +127,12 @@ pub fn allocate(fleets: &[Signal], priority: bool, stage_min: u32, stage_max: u3
 
 /// Desired replicas per fleet, from each stage that uses it (the largest).
 /// `ready[f]` is fleet `f`'s ready replicas at this tick.
-pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<ReplicaId>]) {
+pub(super) fn tick(
+    topo: &Topology,
+    fleets: &mut [FleetModel],
+    ready: &[Vec<ReplicaId>],
+    now: Instant,
+) {
     let signals: Vec<Signal> = topo
         .fleets
         .iter()
@@ -143,8 +185,10 @@ pub(super) fn tick(topo: &Topology, fleets: &mut [FleetModel], ready: &[Vec<Repl
         }
     }
     for (f, d) in desired.into_iter().enumerate() {
-        fleets[f].desired =
+        let computed =
             d.unwrap_or_else(|| signals[f].min.max(signals[f].ready.min(signals[f].max)));
+        let hold = Duration::from_millis(topo.fleets[f].scaling.scale_down_after_ms);
+        fleets[f].desired = fleets[f].step_down.update(computed, hold, now);
     }
 }
 
@@ -197,6 +241,37 @@ mod tests {
         // Once its replicas are up it is not saturated: burst goes back to 0.
         let base = fleet(12.0, 1, 4, 3, false);
         assert_eq!(allocate(&[base, burst], true, 0, 8), vec![3, 0]);
+    }
+
+    #[test]
+    fn a_count_that_dips_for_less_than_the_hold_is_not_published() {
+        // Computed every 250 ms near a replica boundary: 2, 1, 2, 1, ...
+        let (t0, hold) = (Instant::now(), Duration::from_secs(2));
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = StepDown::default();
+        let flapping: Vec<u32> = (0..8)
+            .map(|i| s.update(if i % 2 == 0 { 2 } else { 1 }, hold, at(i * 250)))
+            .collect();
+        assert_eq!(flapping, vec![2; 8], "a flapping count publishes its top");
+        // The last 1 (at 1750 ms) stays for the whole hold, then it is
+        // published (a rise is at once).
+        assert_eq!(s.update(1, hold, at(2000)), 2);
+        assert_eq!(s.update(1, hold, at(3749)), 2);
+        assert_eq!(s.update(1, hold, at(3750)), 1);
+        assert_eq!(s.update(3, hold, at(4250)), 3);
+        // Down by two with a 2 in between: the highest since, then the rest later.
+        assert_eq!(s.update(1, hold, at(5000)), 3);
+        assert_eq!(s.update(2, hold, at(6000)), 3);
+        assert_eq!(s.update(1, hold, at(7000)), 2);
+        assert_eq!(s.update(1, hold, at(8999)), 2);
+        assert_eq!(s.update(1, hold, at(9000)), 1);
+        // No hold: the computed count as it is.
+        let mut s = StepDown::default();
+        let seq: Vec<u32> = [3, 1, 2, 0]
+            .iter()
+            .map(|&c| s.update(c, Duration::ZERO, t0))
+            .collect();
+        assert_eq!(seq, vec![3, 1, 2, 0]);
     }
 
     #[test]

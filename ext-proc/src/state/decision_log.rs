@@ -52,6 +52,8 @@ pub struct DecisionRecord {
     pub replica: String,
     pub key_source: &'static str,
     pub arm: &'static str,
+    /// Why this replica: `key`, `prefix`, `load_guard` or `load`.
+    pub pick: &'static str,
     pub shadow: Option<String>,
     pub predicted_cached_tokens: u64,
 }
@@ -76,6 +78,7 @@ impl DecisionRecord {
                 .unwrap_or_default(),
             key_source: r.key_source,
             arm: r.arm,
+            pick: r.pick,
             shadow: r.shadow.and_then(name),
             predicted_cached_tokens: r.predicted_cached_tokens,
         }
@@ -174,6 +177,7 @@ mod tests {
             replica: "127.0.0.1:1".into(),
             key_source: "user",
             arm: "none",
+            pick: "key",
             shadow: None,
             predicted_cached_tokens: 0,
         }

@@ -197,6 +197,8 @@ pub struct Routed {
     pub replica: ReplicaId,
     pub key_source: &'static str,
     pub arm: &'static str,
+    /// Why this replica of the fleet (`route::replica::ReplicaChoice::pick`).
+    pub pick: &'static str,
     pub shadow: Option<FleetId>,
     pub blocks: Vec<u64>,
     pub block_tokens: u32,

@@ -56,6 +56,7 @@ pub(super) struct FleetModel {
     pub(super) window: FleetWindow,
     pub(super) saturation: Saturation,
     pub(super) desired: u32,
+    pub(super) step_down: super::autoscale::StepDown,
     pub(super) figures: FleetFigures,
     /// The same slots as the topology's replicas of this fleet.
     pub(super) replicas: Slots<ReplicaModel>,
@@ -71,6 +72,7 @@ impl FleetModel {
             window: FleetWindow::default(),
             saturation: Saturation::default(),
             desired: 0,
+            step_down: Default::default(),
             figures: FleetFigures::default(),
             replicas: Slots::new(),
             waiting: Vec::new(),

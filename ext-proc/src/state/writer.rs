@@ -371,7 +371,7 @@ impl Writer {
         }
         self.failed_keys.expire(now);
         self.accounting.fold(now);
-        autoscale::tick(&self.topo, &mut self.fleets, &ready);
+        autoscale::tick(&self.topo, &mut self.fleets, &ready, now);
         // Figures move every tick: publish every tick.
         self.dirty = true;
         self.publish_if_dirty(now);

@@ -6,6 +6,7 @@ pub mod dns;
 pub mod procs;
 pub mod redis;
 pub mod scenario;
+pub mod steady_load;
 pub mod time;
 
 pub use time::{pace, wait_for_value, wait_until};

@@ -55,6 +55,11 @@ fn scaling(s: &ScalingConfig, p: &str, e: &mut Errors) {
     if let Some(v) = s.target_tokens_per_sec {
         e.positive(format!("{p}.target_tokens_per_sec"), v);
     }
+    e.ensure(
+        s.scale_down_after_ms <= super::MAX_SECONDS * 1000,
+        format!("{p}.scale_down_after_ms"),
+        format!("must be at most {} (a day)", super::MAX_SECONDS * 1000),
+    );
 }
 
 /// `hosts` of a fleet, `replicas` of a stage.

@@ -17,4 +17,9 @@ pub struct ReplicaChoice {
     pub cached_tokens: u64,
     /// Prefill tokens already waiting on the chosen replica.
     pub queued_tokens: u64,
+    /// Why this replica rather than the key's rendezvous choice: `key` (it
+    /// is that choice), `prefix` (it holds more of the prompt), `load_guard`
+    /// (that choice was past the bounded-load guard) or `load` (its queue
+    /// put it outside the tie).
+    pub pick: &'static str,
 }

@@ -131,7 +131,23 @@ pub fn choose(
             })
             .then(b.unit.total_cmp(&a.unit))
     });
+    let pick = match (
+        scored.first(),
+        scored.iter().max_by(|a, b| a.unit.total_cmp(&b.unit)),
+    ) {
+        (Some(chosen), Some(home)) if chosen.replica != home.replica => {
+            if chosen.cached > home.cached {
+                "prefix"
+            } else if home.overloaded {
+                "load_guard"
+            } else {
+                "load"
+            }
+        }
+        _ => "key",
+    };
     ReplicaChoice {
+        pick,
         cached_tokens: scored.first().map_or(0, |s| s.cached),
         queued_tokens: scored.first().map_or(0, |s| s.queued as u64),
         // One score per ready replica, and a candidate fleet has one.

@@ -90,6 +90,7 @@ impl Writer {
                 replica: r,
                 key_source: "none",
                 arm: "none",
+                pick: "key",
                 shadow: None,
                 blocks,
                 block_tokens: 10,
