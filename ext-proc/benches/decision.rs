@@ -14,6 +14,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+use fleetroute::admission::{Admission, Judged};
 use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::decision_trace::DecisionSpan;
 use fleetroute::observe::Observation;
@@ -33,6 +35,18 @@ fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> ValidConfig
 
 /// `extra` is appended to the config (tenants, Redis).
 fn config_with(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64, extra: &str) -> ValidConfig {
+    config_full(fleets, policy, kv_tokens, "", extra)
+}
+
+/// `stage`: more lines of the stage (indented four spaces); `extra` is
+/// appended to the config.
+fn config_full(
+    fleets: &[(&str, usize)],
+    policy: &str,
+    kv_tokens: u64,
+    stage: &str,
+    extra: &str,
+) -> ValidConfig {
     let mut y = String::from("fleets:\n");
     for (f, (name, n)) in fleets.iter().enumerate() {
         let eps: Vec<String> = (0..*n)
@@ -49,7 +63,7 @@ fn config_with(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64, extra: &s
     }
     let names: Vec<&str> = fleets.iter().map(|(n, _)| *n).collect();
     y += &format!(
-        "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n",
+        "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n{stage}",
         names.join(", ")
     );
     y += extra;
@@ -265,8 +279,69 @@ fn main() {
     c.bench_function("decide/2x32 replicas, no blocks", |b| {
         b.iter(|| black_box(decide(&shared.snapshot(), black_box(&no_prefix), 7).ok()))
     });
+    // Admission on the same fleets: the decision plus what a request routed
+    // at once adds (class, prediction, queue depths, tenant account, count).
+    let acfg = config_full(
+        &[("a", 32), ("b", 32)],
+        "weighted",
+        10_000_000,
+        "    admission: { ttft_ms: { critical: 1000, standard: 4000 } }\n",
+        "",
+    );
+    let (ashared, mut aw) = ready(&acfg);
+    warm(&ashared, &mut aw, &warmup);
+    let admission = Admission::new(Instant::now());
+    let headers = HeaderMap::default();
+    let admit = |i: usize| {
+        let snap = ashared.snapshot_full();
+        let d = decide(&snap, &probe[i], i as u64).expect("routable");
+        let j = admission.judge(
+            &ashared.metrics,
+            &snap,
+            &headers,
+            &probe[i],
+            d,
+            Instant::now(),
+        );
+        assert!(matches!(j, Judged::Admit(_)), "an idle stage admits");
+        j
+    };
+    c.bench_function("decide + admission/2x32 replicas, 64 blocks", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % probe.len();
+            black_box(admit(i))
+        })
+    });
+    c.bench_function("decide, owned snapshot/2x32 replicas, 64 blocks", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % probe.len();
+            let snap = ashared.snapshot_full();
+            black_box(decide(&snap, &probe[i], i as u64).ok())
+        })
+    });
     c.final_summary();
     percentiles("decide, 2x32 replicas, 64-block prompts", &shared, &probe);
+    {
+        let n = probe.len().max(20_000);
+        let mut t = Vec::with_capacity(n);
+        for i in 0..n {
+            let start = Instant::now();
+            black_box(admit(i % probe.len()));
+            t.push(start.elapsed());
+        }
+        t.sort();
+        let p = |q: f64| t[((t.len() as f64 * q) as usize).min(t.len() - 1)];
+        println!(
+            "decide + admission (admitted at once), 2x32 replicas, 64-block prompts: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs over {} decisions",
+            p(0.5).as_secs_f64() * 1e6,
+            p(0.99).as_secs_f64() * 1e6,
+            p(0.999).as_secs_f64() * 1e6,
+            t.len()
+        );
+    }
+    drop((ashared, aw));
     // The same with 60,000 conversations a replica failed remembered, every
     // probe's among them: each decision then skips a replica.
     remember_failures(&mut w, &cfg, 60_000);

@@ -2,6 +2,7 @@
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
 mod credentials;
+mod admission;
 mod defaults;
 mod envoy;
 mod model;
@@ -17,6 +18,7 @@ use std::fmt;
 use std::path::Path;
 
 pub use credentials::{ApiKey, CredentialsConfig};
+pub use admission::*;
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use model::*;
