@@ -290,12 +290,12 @@ fn main() {
     );
     let (ashared, mut aw) = ready(&acfg);
     warm(&ashared, &mut aw, &warmup);
-    let admission = Admission::new(Instant::now());
+    let gate = Admission::new(Instant::now());
     let headers = HeaderMap::default();
     let admit = |i: usize| {
         let snap = ashared.snapshot_full();
         let d = decide(&snap, &probe[i], i as u64).expect("routable");
-        let j = admission.judge(
+        let j = gate.judge(
             &ashared.metrics,
             &snap,
             &headers,
@@ -436,6 +436,9 @@ fn membership_change(shared: &Shared, w: &mut Writer, cfg: &ValidConfig) {
 
 /// Tenant limits every decision is checked against (high enough that none
 /// refuses: the figure is the accounting's cost, not a refusal's).
+/// Class admission on the bench's stage.
+const CLASSES: &str = "    admission: { ttft_ms: { critical: 1000, standard: 4000 } }\n";
+
 const TENANTS: &str = "tenants:\n  default: { max_requests_in_flight: 1000000, max_tokens_in_flight: 1000000000000, tokens_per_minute: 1000000000000, budget: { usd: 1000000, per: month } }\n";
 
 /// Keys spread over 1000 tenants.
@@ -468,12 +471,16 @@ fn pct(t: &mut [Duration], q: f64) -> f64 {
 /// the decision alone, and the decision followed by the tenant's admission
 /// on the chosen fleet (what the ext_proc stream does before it answers).
 /// The commit, which the access log observer makes later, is not timed.
+/// `gate`: class admission too, for a config whose stage has `admission`
+/// (every request is admitted at once: the stage is idle).
 fn admitted_percentiles(
     label: &str,
     shared: &Shared,
     keys: &[RouteKey<'static>],
     rt: &tokio::runtime::Runtime,
+    gate: Option<&Admission>,
 ) {
+    let headers = HeaderMap::default();
     let n = keys.len().max(20_000);
     let (mut alone, mut admitted) = (Vec::with_capacity(n), Vec::with_capacity(n));
     rt.block_on(async {
@@ -485,7 +492,13 @@ fn admitted_percentiles(
             alone.push(start.elapsed());
             let start = Instant::now();
             let snap = shared.snapshot_full();
-            let d = decide(&snap, black_box(k), i as u64).expect("routable");
+            let mut d = decide(&snap, black_box(k), i as u64).expect("routable");
+            if let Some(g) = gate {
+                match g.judge(&shared.metrics, &snap, &headers, k, d, Instant::now()) {
+                    Judged::Admit(admitted) => d = admitted,
+                    _ => panic!("an idle stage admits"),
+                }
+            }
             let c = admit::admit(shared, &snap, &d, k).await.expect("admitted");
             admitted.push(start.elapsed());
             c.reservation.commit(USAGE, 0.001);
@@ -527,6 +540,7 @@ fn admission() {
         &shared,
         &keys,
         &rt,
+        None,
     );
     let mut c = Criterion::default()
         .configure_from_args()
@@ -546,6 +560,27 @@ fn admission() {
     c.final_summary();
     drop((shared, w));
 
+    // Both admissions: the stage's classes (every tenant standard, with
+    // objectives) then the tenant's limits.
+    let cfg = config_full(
+        &[("a", 32), ("b", 32)],
+        "weighted",
+        10_000_000,
+        CLASSES,
+        TENANTS,
+    );
+    let (shared, mut w) = ready(&cfg);
+    warm(&shared, &mut w, &warmup);
+    let gate = Admission::new(Instant::now());
+    admitted_percentiles(
+        "decide + class admission + admit, local ledger, 1000 tenants, every limit set",
+        &shared,
+        &keys,
+        &rt,
+        Some(&gate),
+    );
+    drop((shared, w));
+
     let Some(redis) = RedisChild::start() else {
         println!("redis-server not on PATH: the shared admission figures are skipped");
         return;
@@ -554,9 +589,16 @@ fn admission() {
         "{TENANTS}tenants_redis: {{ url: \"redis://127.0.0.1:{}/\", instances: 2, timeout_ms: 1000 }}\n",
         redis.port
     );
-    let cfg = config_with(&[("a", 32), ("b", 32)], "weighted", 10_000_000, &extra);
+    let cfg = config_full(
+        &[("a", 32), ("b", 32)],
+        "weighted",
+        10_000_000,
+        CLASSES,
+        &extra,
+    );
     let (shared, mut w) = ready(&cfg);
     warm(&shared, &mut w, &warmup);
+    let gate = Admission::new(Instant::now());
     let round_trips = || {
         let r = shared.tenants.redis().expect("Redis on");
         r.refills.load(std::sync::atomic::Ordering::Relaxed)
@@ -568,10 +610,13 @@ fn admission() {
     for pass in ["first pass, each tenant's first slice", "second pass"] {
         let before = round_trips();
         admitted_percentiles(
-            &format!("decide + admit, shared through Redis, 1000 tenants, {pass}"),
+            &format!(
+                "decide + class admission + admit, shared through Redis, 1000 tenants, {pass}"
+            ),
             &shared,
             &keys,
             &rt,
+            Some(&gate),
         );
         println!(
             "  Redis round trips during those decisions: {} ({:.3} per decision; background refills included)",

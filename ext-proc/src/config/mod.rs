@@ -1,8 +1,8 @@
 //! Loading and validating the router config. Every error names its field path,
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
-mod credentials;
 mod admission;
+mod credentials;
 mod defaults;
 mod envoy;
 mod model;
@@ -17,8 +17,8 @@ mod validate;
 use std::fmt;
 use std::path::Path;
 
-pub use credentials::{ApiKey, CredentialsConfig};
 pub use admission::*;
+pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use model::*;
