@@ -14,6 +14,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+use fleetroute::admission::{Admission, Judged};
 use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::decision_trace::DecisionSpan;
 use fleetroute::observe::Observation;
@@ -33,6 +35,18 @@ fn config(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64) -> ValidConfig
 
 /// `extra` is appended to the config (tenants, Redis).
 fn config_with(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64, extra: &str) -> ValidConfig {
+    config_full(fleets, policy, kv_tokens, "", extra)
+}
+
+/// `stage`: more lines of the stage (indented four spaces); `extra` is
+/// appended to the config.
+fn config_full(
+    fleets: &[(&str, usize)],
+    policy: &str,
+    kv_tokens: u64,
+    stage: &str,
+    extra: &str,
+) -> ValidConfig {
     let mut y = String::from("fleets:\n");
     for (f, (name, n)) in fleets.iter().enumerate() {
         let eps: Vec<String> = (0..*n)
@@ -49,7 +63,7 @@ fn config_with(fleets: &[(&str, usize)], policy: &str, kv_tokens: u64, extra: &s
     }
     let names: Vec<&str> = fleets.iter().map(|(n, _)| *n).collect();
     y += &format!(
-        "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n",
+        "stages:\n  - name: s\n    models: [m]\n    fleets: [{}]\n    routing: {{ policy: {policy} }}\n{stage}",
         names.join(", ")
     );
     y += extra;
@@ -265,8 +279,69 @@ fn main() {
     c.bench_function("decide/2x32 replicas, no blocks", |b| {
         b.iter(|| black_box(decide(&shared.snapshot(), black_box(&no_prefix), 7).ok()))
     });
+    // Admission on the same fleets: the decision plus what a request routed
+    // at once adds (class, prediction, queue depths, tenant account, count).
+    let acfg = config_full(
+        &[("a", 32), ("b", 32)],
+        "weighted",
+        10_000_000,
+        "    admission: { ttft_ms: { critical: 1000, standard: 4000 } }\n",
+        "",
+    );
+    let (ashared, mut aw) = ready(&acfg);
+    warm(&ashared, &mut aw, &warmup);
+    let gate = Admission::new(Instant::now());
+    let headers = HeaderMap::default();
+    let admit = |i: usize| {
+        let snap = ashared.snapshot_full();
+        let d = decide(&snap, &probe[i], i as u64).expect("routable");
+        let j = gate.judge(
+            &ashared.metrics,
+            &snap,
+            &headers,
+            &probe[i],
+            d,
+            Instant::now(),
+        );
+        assert!(matches!(j, Judged::Admit(_)), "an idle stage admits");
+        j
+    };
+    c.bench_function("decide + admission/2x32 replicas, 64 blocks", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % probe.len();
+            black_box(admit(i))
+        })
+    });
+    c.bench_function("decide, owned snapshot/2x32 replicas, 64 blocks", |b| {
+        let mut i = 0;
+        b.iter(|| {
+            i = (i + 1) % probe.len();
+            let snap = ashared.snapshot_full();
+            black_box(decide(&snap, &probe[i], i as u64).ok())
+        })
+    });
     c.final_summary();
     percentiles("decide, 2x32 replicas, 64-block prompts", &shared, &probe);
+    {
+        let n = probe.len().max(20_000);
+        let mut t = Vec::with_capacity(n);
+        for i in 0..n {
+            let start = Instant::now();
+            black_box(admit(i % probe.len()));
+            t.push(start.elapsed());
+        }
+        t.sort();
+        let p = |q: f64| t[((t.len() as f64 * q) as usize).min(t.len() - 1)];
+        println!(
+            "decide + admission (admitted at once), 2x32 replicas, 64-block prompts: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs over {} decisions",
+            p(0.5).as_secs_f64() * 1e6,
+            p(0.99).as_secs_f64() * 1e6,
+            p(0.999).as_secs_f64() * 1e6,
+            t.len()
+        );
+    }
+    drop((ashared, aw));
     // The same with 60,000 conversations a replica failed remembered, every
     // probe's among them: each decision then skips a replica.
     remember_failures(&mut w, &cfg, 60_000);
@@ -361,6 +436,9 @@ fn membership_change(shared: &Shared, w: &mut Writer, cfg: &ValidConfig) {
 
 /// Tenant limits every decision is checked against (high enough that none
 /// refuses: the figure is the accounting's cost, not a refusal's).
+/// Class admission on the bench's stage.
+const CLASSES: &str = "    admission: { ttft_ms: { critical: 1000, standard: 4000 } }\n";
+
 const TENANTS: &str = "tenants:\n  default: { max_requests_in_flight: 1000000, max_tokens_in_flight: 1000000000000, tokens_per_minute: 1000000000000, budget: { usd: 1000000, per: month } }\n";
 
 /// Keys spread over 1000 tenants.
@@ -393,27 +471,44 @@ fn pct(t: &mut [Duration], q: f64) -> f64 {
 /// the decision alone, and the decision followed by the tenant's admission
 /// on the chosen fleet (what the ext_proc stream does before it answers).
 /// The commit, which the access log observer makes later, is not timed.
+/// `gate`: class admission too, for a config whose stage has `admission`
+/// (every request is admitted at once: the stage is idle).
 fn admitted_percentiles(
     label: &str,
     shared: &Shared,
     keys: &[RouteKey<'static>],
     rt: &tokio::runtime::Runtime,
+    gate: Option<&Admission>,
 ) {
+    let headers = HeaderMap::default();
     let n = keys.len().max(20_000);
     let (mut alone, mut admitted) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    // Which of the two goes first alternates: the second decision of a key
+    // finds its prefix entries in the CPU's caches.
     rt.block_on(async {
         for i in 0..n {
             let k = &keys[i % keys.len()];
-            let start = Instant::now();
-            let snap = shared.snapshot_full();
-            black_box(decide(&snap, black_box(k), i as u64).ok());
-            alone.push(start.elapsed());
-            let start = Instant::now();
-            let snap = shared.snapshot_full();
-            let d = decide(&snap, black_box(k), i as u64).expect("routable");
-            let c = admit::admit(shared, &snap, &d, k).await.expect("admitted");
-            admitted.push(start.elapsed());
-            c.reservation.commit(USAGE, 0.001);
+            for first in [i % 2 == 0, i % 2 == 1] {
+                if first {
+                    let start = Instant::now();
+                    let snap = shared.snapshot_full();
+                    black_box(decide(&snap, black_box(k), i as u64).ok());
+                    alone.push(start.elapsed());
+                    continue;
+                }
+                let start = Instant::now();
+                let snap = shared.snapshot_full();
+                let mut d = decide(&snap, black_box(k), i as u64).expect("routable");
+                if let Some(g) = gate {
+                    match g.judge(&shared.metrics, &snap, &headers, k, d, Instant::now()) {
+                        Judged::Admit(admitted) => d = admitted,
+                        _ => panic!("an idle stage admits"),
+                    }
+                }
+                let c = admit::admit(shared, &snap, &d, k).await.expect("admitted");
+                admitted.push(start.elapsed());
+                c.reservation.commit(USAGE, 0.001);
+            }
         }
     });
     let (a50, a99, a999) = (
@@ -452,6 +547,7 @@ fn admission() {
         &shared,
         &keys,
         &rt,
+        None,
     );
     let mut c = Criterion::default()
         .configure_from_args()
@@ -471,6 +567,27 @@ fn admission() {
     c.final_summary();
     drop((shared, w));
 
+    // Both admissions: the stage's classes (every tenant standard, with
+    // objectives) then the tenant's limits.
+    let cfg = config_full(
+        &[("a", 32), ("b", 32)],
+        "weighted",
+        10_000_000,
+        CLASSES,
+        TENANTS,
+    );
+    let (shared, mut w) = ready(&cfg);
+    warm(&shared, &mut w, &warmup);
+    let gate = Admission::new(Instant::now());
+    admitted_percentiles(
+        "decide + class admission + admit, local ledger, 1000 tenants, every limit set",
+        &shared,
+        &keys,
+        &rt,
+        Some(&gate),
+    );
+    drop((shared, w));
+
     let Some(redis) = RedisChild::start() else {
         println!("redis-server not on PATH: the shared admission figures are skipped");
         return;
@@ -479,9 +596,16 @@ fn admission() {
         "{TENANTS}tenants_redis: {{ url: \"redis://127.0.0.1:{}/\", instances: 2, timeout_ms: 1000 }}\n",
         redis.port
     );
-    let cfg = config_with(&[("a", 32), ("b", 32)], "weighted", 10_000_000, &extra);
+    let cfg = config_full(
+        &[("a", 32), ("b", 32)],
+        "weighted",
+        10_000_000,
+        CLASSES,
+        &extra,
+    );
     let (shared, mut w) = ready(&cfg);
     warm(&shared, &mut w, &warmup);
+    let gate = Admission::new(Instant::now());
     let round_trips = || {
         let r = shared.tenants.redis().expect("Redis on");
         r.refills.load(std::sync::atomic::Ordering::Relaxed)
@@ -493,10 +617,13 @@ fn admission() {
     for pass in ["first pass, each tenant's first slice", "second pass"] {
         let before = round_trips();
         admitted_percentiles(
-            &format!("decide + admit, shared through Redis, 1000 tenants, {pass}"),
+            &format!(
+                "decide + class admission + admit, shared through Redis, 1000 tenants, {pass}"
+            ),
             &shared,
             &keys,
             &rt,
+            Some(&gate),
         );
         println!(
             "  Redis round trips during those decisions: {} ({:.3} per decision; background refills included)",

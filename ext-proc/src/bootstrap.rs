@@ -132,6 +132,16 @@ pub fn render(
             *get_mut(tc, &["config", "vm_config", "code", "local", "filename"])? = key(&opts.wasm);
         } else if name == "envoy.filters.http.ext_proc" && tc.get("observability_mode").is_none() {
             *get_mut(tc, &["failure_mode_allow"])? = Value::Bool(!opts.fail_closed);
+            if let Some(h) = &cfg.admission.priority_header {
+                // Admission reads the client's priority header.
+                get_mut(tc, &["forward_rules", "allowed_headers", "patterns"])?
+                    .as_sequence_mut()
+                    .ok_or("template: forward_rules patterns is not a list")?
+                    .push(
+                        yaml_serde::from_str(&format!("{{ exact: '{h}' }}"))
+                            .expect("a header name"),
+                    );
+            }
         }
     }
 
@@ -389,6 +399,49 @@ mod tests {
             ..opts()
         };
         assert!(render(TEMPLATE, &cfg, &none).is_err());
+    }
+
+    /// Held requests need Envoy to grant a longer timer than
+    /// `message_timeout` (up to any `admission.max_wait_ms`), and the
+    /// priority header must reach fleetroute.
+    #[test]
+    fn admission_gets_its_timer_and_its_header() {
+        let cfg = RouterConfig::parse(&format!(
+            "{ROUTER}\nadmission: {{ priority_header: x-priority }}\n"
+        ))
+        .unwrap();
+        let doc: Value = yaml_serde::from_str(&render(TEMPLATE, &cfg, &opts()).unwrap()).unwrap();
+        let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        let routing = hcm["http_filters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|f| {
+                f["name"] == "envoy.filters.http.ext_proc"
+                    && f["typed_config"].get("observability_mode").is_none()
+            })
+            .unwrap();
+        let tc = &routing["typed_config"];
+        let max: f64 = tc["max_message_timeout"]
+            .as_str()
+            .unwrap()
+            .trim_end_matches('s')
+            .parse()
+            .unwrap();
+        let needed = crate::config::MAX_WAIT_CAP_MS as f64 / 1000.0
+            + crate::admission::reply::TIMER_MARGIN.as_secs_f64();
+        assert!(max >= needed, "max_message_timeout {max}s < {needed}s");
+        let patterns = tc["forward_rules"]["allowed_headers"]["patterns"]
+            .as_sequence()
+            .unwrap();
+        assert!(patterns.iter().any(|p| p["exact"] == "x-priority"));
+        // Without the header configured, only what routing reads.
+        let plain: Value = yaml_serde::from_str(TEMPLATE).unwrap();
+        assert!(
+            !serde_json::to_string(&plain)
+                .unwrap()
+                .contains("x-priority")
+        );
     }
 
     #[test]

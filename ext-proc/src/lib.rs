@@ -2,6 +2,7 @@
 //! and tells Envoy which fleet (cluster) and replica (host) serves each request.
 
 pub mod admin;
+pub mod admission;
 pub mod bootstrap;
 pub mod cli;
 pub mod config;

@@ -99,6 +99,37 @@ pub struct TenantRefusal {
     pub limit: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageClass {
+    pub stage: String,
+    /// critical | standard | sheddable
+    pub class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionVerdict {
+    pub stage: String,
+    pub class: String,
+    /// See `ADMISSION_VERDICTS`.
+    pub verdict: String,
+}
+
+/// What admission did with a request: routed at once or after a hold;
+/// refused because the stage is saturated, because the capacity is kept for
+/// a higher class, because its class queue was full (or a lighter tenant
+/// took its place), because even waiting could not meet its objective, or
+/// because its hold ran out; or the client left while it was held.
+pub const ADMISSION_VERDICTS: [&str; 8] = [
+    "admitted",
+    "admitted_after_wait",
+    "saturated",
+    "reserved",
+    "queue_full",
+    "objective",
+    "timed_out",
+    "cancelled",
+];
+
 #[derive(Clone)]
 pub struct Buckets(fn() -> Histogram);
 
@@ -111,6 +142,11 @@ impl MetricConstructor<Histogram> for Buckets {
 fn seconds() -> Histogram {
     // 5 ms to ~164 s.
     Histogram::new(exponential_buckets(0.005, 2.0, 16))
+}
+
+fn wait_seconds() -> Histogram {
+    // 1 ms to ~33 s: holds are bounded by admission.max_wait_ms (30 s at most).
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 type GaugeF = Gauge<f64, AtomicU64>;
@@ -171,6 +207,9 @@ pub struct Metrics {
     pub peer_load_reports: Family<ResultLabel, Counter>,
     /// Other instances whose load reports count here now.
     pub peer_load_peers: Gauge,
+    pub admission_verdicts: Family<AdmissionVerdict, Counter>,
+    pub admission_queue_depth: Family<StageClass, Gauge>,
+    pub admission_wait: Family<StageClass, Histogram, Buckets>,
 }
 
 impl Default for Metrics {
@@ -228,6 +267,9 @@ impl Metrics {
             audit_records: Family::default(),
             peer_load_reports: Family::default(),
             peer_load_peers: Gauge::default(),
+            admission_verdicts: Family::default(),
+            admission_queue_depth: Family::default(),
+            admission_wait: Family::new_with_constructor(Buckets(wait_seconds)),
             registry: Registry::default(),
         };
         r.register(
@@ -473,6 +515,21 @@ impl Metrics {
                 result: result.into(),
             }));
         }
+        r.register(
+            "admission_verdicts",
+            "Admission verdicts in stages with admission, by class: admitted, admitted_after_wait, saturated, reserved, queue_full, objective, timed_out, cancelled",
+            m.admission_verdicts.clone(),
+        );
+        r.register(
+            "admission_queue_depth",
+            "Requests held by admission now, by stage and class",
+            m.admission_queue_depth.clone(),
+        );
+        r.register(
+            "admission_wait_seconds",
+            "Time held requests waited, whatever became of them",
+            m.admission_wait.clone(),
+        );
         for result in ["observed", "untagged", "late", "foreign"] {
             drop(m.access_log_entries.get_or_create(&ResultLabel {
                 result: result.into(),
@@ -598,6 +655,23 @@ impl Metrics {
                     }
                 }
             }
+            if stage.admission.is_some() {
+                for class in crate::config::Priority::ALL {
+                    let sc = StageClass {
+                        stage: stage.name.clone(),
+                        class: class.as_str().into(),
+                    };
+                    drop(self.admission_queue_depth.get_or_create(&sc));
+                    drop(self.admission_wait.get_or_create(&sc));
+                    for verdict in ADMISSION_VERDICTS {
+                        drop(self.admission_verdicts.get_or_create(&AdmissionVerdict {
+                            stage: stage.name.clone(),
+                            class: class.as_str().into(),
+                            verdict: verdict.into(),
+                        }));
+                    }
+                }
+            }
             if let Some((f, _)) = stage.experiment.shadow {
                 let sf = StageFleet {
                     stage: stage.name.clone(),
@@ -631,6 +705,9 @@ impl Metrics {
         self.queued_tokens.clear();
         self.fleet_members.clear();
         self.members_ignored.clear();
+        self.admission_verdicts.clear();
+        self.admission_queue_depth.clear();
+        self.admission_wait.clear();
     }
 }
 

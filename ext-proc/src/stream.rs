@@ -3,6 +3,7 @@
 //! (`observe::access_log`), not through ext_proc.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -13,64 +14,201 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
+use crate::admission::{Admission, Judged, Retried, Ticket, reply};
 use crate::decision_trace::DecisionSpan;
-use crate::route::place::place;
+use crate::route::place::{Placed, admit_and_commit, decide_on};
 use crate::route::{key::RouteKey, mutation};
 use crate::state::Shared;
 use crate::state::lease::LeaseInput;
 
 pub struct Service {
     shared: Arc<Shared>,
+    admission: Arc<Admission>,
 }
 
 impl Service {
     pub fn new(shared: Arc<Shared>) -> Self {
-        Service { shared }
+        Service {
+            shared,
+            admission: Arc::new(Admission::new(Instant::now())),
+        }
     }
 }
 
-/// Decides one request from its headers: the fleet and replica, then the
-/// tenant's admission on that fleet (a 429 when over a limit).
-pub async fn route_request(shared: &Shared, headers: &HttpHeaders) -> ProcessingResponse {
+/// What the request path answers a request's headers with.
+pub enum Answer<'a> {
+    Now(ProcessingResponse),
+    /// Admission holds it: try again at its ticket's turns.
+    Held(Held<'a>),
+}
+
+pub struct Held<'a> {
+    pub ticket: Ticket,
+    key: RouteKey<'a>,
+}
+
+/// Decides one request from its headers: the fleet and replica, then
+/// admission (its class on the stage, then its tenant's limits on the
+/// chosen fleet).
+pub async fn route_request<'a>(
+    shared: &Shared,
+    admission: &Admission,
+    headers: &'a HttpHeaders,
+) -> Answer<'a> {
     let Some(map) = headers.headers.as_ref() else {
-        return mutation::pass();
+        return Answer::Now(mutation::pass());
     };
     let trace = DecisionSpan::start();
     let mut key = RouteKey::from_headers(map);
     if key.list_models {
-        return mutation::model_list(&shared.snapshot().topo);
+        return Answer::Now(mutation::model_list(&shared.snapshot().topo));
     }
-    let (max_tokens, requested) = (key.max_tokens, key.model);
     key.spread_anonymous(fastrand::u64(..));
-    let placed = place(shared, key, fastrand::u64(..))
-        .instrument(trace.span().clone())
-        .await;
-    match placed {
-        Ok(p) => {
-            trace.routed(&p.snapshot, &p.decision);
-            // The access log entry ends the lease (and commits the tenant's
-            // charge) by this nonce, which only fleetroute writes (a client
-            // can send any x-request-id).
-            let d = &p.decision;
-            let input = LeaseInput {
-                prefill_tokens: d.uncached_tokens + d.queued_tokens,
-                max_tokens,
-                prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
-            };
-            let decided = p.decided();
-            let reply = mutation::route(
-                &p.snapshot.topo,
-                &p.decision,
-                p.nonce,
-                &shared.instance,
-                requested,
-            );
-            shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
-            reply
-        }
+    let decided = {
+        let _entered = trace.span().enter();
+        decide_on(shared, &key, fastrand::u64(..))
+    };
+    let (snapshot, decision) = match decided {
+        Ok(d) => d,
         Err(reject) => {
             trace.rejected(&reject);
-            mutation::reject(&reject)
+            return Answer::Now(mutation::reject(&reject));
+        }
+    };
+    let now = Instant::now();
+    match admission.judge(&shared.metrics, &snapshot, map, &key, decision, now) {
+        Judged::Admit(decision) => {
+            let asked = Asked::of(&key);
+            let placed = admit_and_commit(shared, snapshot, decision, key)
+                .instrument(trace.span().clone())
+                .await;
+            match placed {
+                Ok(p) => {
+                    trace.routed(&p.snapshot, &p.decision);
+                    Answer::Now(routed(shared, p, asked, Duration::ZERO))
+                }
+                Err(reject) => {
+                    trace.rejected(&reject);
+                    Answer::Now(mutation::reject(&reject))
+                }
+            }
+        }
+        Judged::Refuse { stage, refusal } => Answer::Now(reply::refused(&stage, &refusal)),
+        Judged::Hold(ticket) => Answer::Held(Held { ticket, key }),
+        Judged::Invalid(bad) => Answer::Now(reply::bad_priority(&bad)),
+    }
+}
+
+/// What the client asked for that its answer needs after the key is spent.
+#[derive(Clone, Copy)]
+struct Asked<'a> {
+    max_tokens: Option<u32>,
+    model: Option<&'a str>,
+}
+
+impl<'a> Asked<'a> {
+    fn of(key: &RouteKey<'a>) -> Self {
+        Asked {
+            max_tokens: key.max_tokens,
+            model: key.model,
+        }
+    }
+}
+
+/// Holds a decision's load (and its tenant's charge) under its lease and
+/// answers Envoy. `held`: how long admission held it.
+fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> ProcessingResponse {
+    // The access log entry ends the lease (and commits the tenant's charge)
+    // by this nonce, which only fleetroute writes (a client can send any
+    // x-request-id).
+    let d = &p.decision;
+    let input = LeaseInput {
+        prefill_tokens: d.uncached_tokens + d.queued_tokens,
+        max_tokens: asked.max_tokens,
+        prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
+        held,
+    };
+    let decided = p.decided();
+    let response = mutation::route(
+        &p.snapshot.topo,
+        &p.decision,
+        p.nonce,
+        &shared.instance,
+        asked.model,
+    );
+    shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
+    response
+}
+
+/// One turn of a held request: decide again and ask admission; a released
+/// request then meets its tenant's limits like any other. `Err`: still
+/// held, with its ticket back.
+async fn attempt(
+    shared: &Shared,
+    admission: &Admission,
+    key: &mut RouteKey<'_>,
+    ticket: Ticket,
+) -> Result<ProcessingResponse, Ticket> {
+    let (snapshot, decision) = match decide_on(shared, key, fastrand::u64(..)) {
+        Ok(d) => d,
+        // No ready replica any more (or the stage went away): answered as
+        // any rejection; dropping the ticket leaves the queue.
+        Err(reject) => return Ok(mutation::reject(&reject)),
+    };
+    let stage = ticket.stage_name().to_string();
+    let now = Instant::now();
+    let held = now.saturating_duration_since(ticket.arrived());
+    match admission.retry(ticket, &snapshot, key, decision, now) {
+        (_, Retried::Release(decision)) => {
+            let asked = Asked::of(key);
+            match admit_and_commit(shared, snapshot, decision, std::mem::take(key)).await {
+                Ok(p) => Ok(routed(shared, p, asked, held)),
+                Err(reject) => Ok(mutation::reject(&reject)),
+            }
+        }
+        (_, Retried::Refuse(r)) => Ok(reply::refused(&stage, &r)),
+        (Some(t), Retried::Wait) => Err(t),
+        (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
+    }
+}
+
+/// Waits out a held request: its answer, or `None` when Envoy's stream ended
+/// (the client went away); the ticket is then dropped and the request leaves
+/// its queue at once.
+async fn hold(
+    shared: &Shared,
+    admission: &Admission,
+    held: Held<'_>,
+    inbound: &mut Streaming<ProcessingRequest>,
+) -> Option<ProcessingResponse> {
+    let Held {
+        mut ticket,
+        mut key,
+    } = held;
+    loop {
+        let deadline = tokio::time::Instant::from_std(ticket.deadline());
+        tokio::select! {
+            biased;
+            // Envoy ends the stream when the client resets; any other message
+            // here is outside the protocol (the routing filter sends request
+            // headers only), so the request is given up too.
+            _ = inbound.message() => return None,
+            _ = tokio::time::sleep_until(deadline) => {
+                let stage = ticket.stage_name().to_string();
+                return Some(reply::refused(&stage, &ticket.refuse(Instant::now())));
+            }
+            _ = ticket.turn() => {}
+        }
+        if ticket.evicted() {
+            let stage = ticket.stage_name().to_string();
+            return Some(reply::refused(&stage, &ticket.refuse(Instant::now())));
+        }
+        if !ticket.is_head(Instant::now()) {
+            continue;
+        }
+        match attempt(shared, admission, &mut key, ticket).await {
+            Ok(answer) => return Some(answer),
+            Err(t) => ticket = t,
         }
     }
 }
@@ -86,6 +224,7 @@ impl ExternalProcessor for Service {
         let mut inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(4);
         let shared = self.shared.clone();
+        let admission = self.admission.clone();
         tokio::spawn(async move {
             // A reset stream ends the loop like a clean close.
             while let Ok(Some(msg)) = inbound.message().await {
@@ -105,7 +244,26 @@ impl ExternalProcessor for Service {
                     continue;
                 }
                 let reply = match &msg.request {
-                    Some(Request::RequestHeaders(h)) => route_request(&shared, h).await,
+                    Some(Request::RequestHeaders(h)) => {
+                        match route_request(&shared, &admission, h).await {
+                            Answer::Now(r) => r,
+                            Answer::Held(held) => {
+                                // Without this Envoy gives up after its
+                                // message_timeout and fails the request open.
+                                let bound = held
+                                    .ticket
+                                    .deadline()
+                                    .saturating_duration_since(Instant::now());
+                                if tx.send(Ok(reply::extend_timer(bound))).await.is_err() {
+                                    break;
+                                }
+                                match hold(&shared, &admission, held, &mut inbound).await {
+                                    Some(r) => r,
+                                    None => break,
+                                }
+                            }
+                        }
+                    }
                     // The routing filter asks for request headers only; anything
                     // else is let through so Envoy never waits on us.
                     Some(other) => mutation::continue_unchanged(other),

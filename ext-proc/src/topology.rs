@@ -11,7 +11,7 @@ use xxhash_rust::xxh3::xxh3_64;
 use crate::config::{
     AlarmsConfig, ApiKey, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, FleetConfig,
     HealthCheckConfig, OutlierConfig, PolicyKind, ReplicaChoiceConfig, RoutingConfig,
-    ScalingConfig, ValidConfig, WarmupConfig, model_list,
+    ScalingConfig, StageAdmission, ValidConfig, WarmupConfig, model_list,
 };
 pub mod ids;
 pub mod load;
@@ -114,6 +114,8 @@ pub struct Stage {
     pub outlier: OutlierConfig,
     pub warmup: Option<WarmupConfig>,
     pub experiment: Experiment,
+    /// Objectives and shedding under overload (`crate::admission` reads it).
+    pub admission: Option<StageAdmission>,
 }
 
 /// A stage's experiments with fleets resolved to `Topology::fleets` indices.
@@ -264,6 +266,7 @@ impl Topology {
                     alarms: s.alarms.clone(),
                     outlier: s.outlier.clone(),
                     warmup: s.warmup.clone(),
+                    admission: s.admission.clone(),
                     experiment: Experiment {
                         ab: s.experiment.ab.as_ref().map(|ab| {
                             (

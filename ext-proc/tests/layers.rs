@@ -26,6 +26,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("eds", 6),
     ("decision_trace", 5),
     ("peers", 5),
+    ("admission", 5),
     ("stream", 6),
     ("serve", 7),
     ("admin", 7),

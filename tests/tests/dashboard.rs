@@ -26,7 +26,8 @@ const MODEL: &str = "chat-model";
 const FLEETS: [&str; 2] = ["gb200-rack", "h200-burst"];
 
 /// Two fleets under a weighted policy, with costs (so both cost gauges
-/// exist), host bounds (desired replicas), an A/B test (arms) and a shadow.
+/// exist), host bounds (desired replicas), an A/B test (arms), a shadow and
+/// class admission.
 const ROUTER: &str = r#"
 health_check: { interval_ms: 200, timeout_ms: 150, healthy_threshold: 2, unhealthy_threshold: 2 }
 fleets:
@@ -50,6 +51,8 @@ stages:
     experiment:
       ab: { control: gb200-rack, variants: [{ fleet: h200-burst, percent: 30 }] }
       shadow: { fleet: h200-burst, percent: 50 }
+    # Objectives the test's light traffic always meets: the admission panel's series.
+    admission: { ttft_ms: { critical: 60000, standard: 60000 } }
 "#;
 
 /// A real Prometheus on loopback scraping one target every second; stopped

@@ -51,6 +51,37 @@ impl Default for AuditConfig {
     }
 }
 
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            priority_header: None,
+            header_may_raise: false,
+            max_wait_ms: 5000,
+        }
+    }
+}
+
+impl Default for StageAdmission {
+    fn default() -> Self {
+        StageAdmission {
+            ttft_ms: ClassObjectives::default(),
+            headroom: 0.5,
+            queue: ClassQueues::default(),
+            retry_after_s: 1,
+        }
+    }
+}
+
+impl Default for ClassQueues {
+    fn default() -> Self {
+        ClassQueues {
+            critical: 64,
+            standard: 64,
+            sheddable: 0,
+        }
+    }
+}
+
 impl Default for RoutingConfig {
     fn default() -> Self {
         RoutingConfig::Latency(ScoredRouting {
@@ -239,6 +270,7 @@ stages:
     fleets: [f]
     routing: { policy: priority }
     warmup: { prompts: [{ body: { model: m } }] }
+    admission: {}
   - { name: l, fleets: [f] }
 "#;
 

@@ -1,6 +1,7 @@
 //! Loading and validating the router config. Every error names its field path,
 //! e.g. `stages[1].routing.order[0]: unknown fleet 'h200-bust'`.
 
+mod admission;
 mod credentials;
 mod defaults;
 mod envoy;
@@ -16,6 +17,7 @@ mod validate;
 use std::fmt;
 use std::path::Path;
 
+pub use admission::*;
 pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;

@@ -35,6 +35,9 @@ pub struct RouterConfig {
     /// The audit log: one JSON line per request.
     #[serde(default)]
     pub audit: super::AuditConfig,
+    /// How a request's priority class is found, and the longest hold.
+    #[serde(default)]
+    pub admission: super::AdmissionConfig,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -224,6 +227,9 @@ pub struct StageConfig {
     pub warmup: Option<WarmupConfig>,
     #[serde(default)]
     pub experiment: ExperimentConfig,
+    /// Objectives and shedding under overload; none: every request is routed.
+    #[serde(default)]
+    pub admission: Option<super::StageAdmission>,
 }
 
 impl StageConfig {

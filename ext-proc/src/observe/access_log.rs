@@ -113,6 +113,11 @@ pub fn observe_own(shared: &Shared, entry: &HttpAccessLogEntry) {
         None => "untagged",
         Some((nonce, mut obs)) => {
             let lease = shared.leases.end(nonce);
+            if let Some(l) = &lease {
+                // The fleet's time to first token starts when it got the
+                // request, not while admission held it.
+                obs.time_to_first_byte = obs.time_to_first_byte.map(|t| t.saturating_sub(l.held));
+            }
             obs.decided = lease.as_ref().map(|l| l.decided);
             let ended = obs.decided.is_some();
             // The lease's own charge, or one its expiry left for a late entry.

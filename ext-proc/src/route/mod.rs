@@ -40,6 +40,30 @@ pub struct Decision {
     pub shadow: Option<FleetId>,
     /// The request's sampling key, when it had one (not a request-id hash).
     pub sampling_key: Option<u64>,
+    /// How loaded the stage's eligible fleets are (admission reads it).
+    pub stage_load: StageLoad,
+}
+
+/// The eligible fleets' load, as the decision saw it.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StageLoad {
+    /// Every eligible fleet is saturated (`state::saturation`: utilisation
+    /// at or above 1).
+    pub saturated: bool,
+    /// The least prefill queued on any ready replica of the stage, tokens.
+    pub min_queued: u64,
+    /// Ready replicas over the eligible fleets.
+    pub ready: u32,
+}
+
+impl StageLoad {
+    fn of(c: &eligible::Candidates) -> StageLoad {
+        StageLoad {
+            saturated: c.fleets.iter().all(|f| f.utilisation >= 1.0),
+            min_queued: c.fleets.iter().map(|f| f.min_queued).min().unwrap_or(0),
+            ready: c.fleets.iter().map(|f| f.ready.len() as u32).sum(),
+        }
+    }
 }
 
 /// Why a request cannot be routed; each becomes a JSON error for the client.
@@ -183,6 +207,7 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         arm,
         shadow: experiment::shadow(stage, snap, key, cf.fleet),
         sampling_key: key.conversation(),
+        stage_load: StageLoad::of(&candidates),
     })
 }
 

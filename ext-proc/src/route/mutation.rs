@@ -23,7 +23,8 @@ use crate::topology::Topology;
 pub const CLIENT_CREDENTIAL_HEADERS: &[&str] =
     &["proxy-authorization", "x-api-key", "api-key", "cookie"];
 
-fn header(key: &str, value: String) -> HeaderValueOption {
+/// A header to set, replacing any copy.
+pub fn header(key: &str, value: String) -> HeaderValueOption {
     raw_header(key, value.into_bytes())
 }
 

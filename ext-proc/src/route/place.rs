@@ -37,26 +37,50 @@ impl Placed {
     }
 }
 
-/// Waits only when the tenant's shared allowance must be refilled from
-/// Redis (one round trip, bounded by `tenants_redis.timeout_ms`).
+/// Decides, admits the tenant and starts the load, with no class admission
+/// in between (the stream puts `admission` between [`decide_on`] and
+/// [`admit_and_commit`]). Waits only when the tenant's shared allowance must
+/// be refilled from Redis (one round trip, bounded by
+/// `tenants_redis.timeout_ms`).
 pub async fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Placed, Reject> {
+    let (snapshot, decision) = decide_on(shared, &key, rng)?;
+    admit_and_commit(shared, snapshot, decision, key).await
+}
+
+/// The decision alone, on the current snapshot: nothing is reserved or
+/// counted yet, so class admission may still hold or refuse it. A rejection
+/// is counted and audited here.
+pub fn decide_on(
+    shared: &Shared,
+    key: &RouteKey<'_>,
+    rng: u64,
+) -> Result<(Arc<Snapshot>, Decision), Reject> {
     let snapshot = shared.snapshot_full();
-    let decided = decide(&snapshot, &key, rng);
-    let admitted = match &decided {
-        Ok(d) => admit::admit(shared, &snapshot, d, &key).await,
-        Err(reject) => Err(reject.clone()),
-    };
-    let (decision, charge) = match (decided, admitted) {
-        (Ok(d), Ok(c)) => (d, c),
-        (decided, Err(reject)) => {
-            shared.emit(Event::Rejected {
-                stage: reject.stage().unwrap_or_default().to_string(),
-                reason: reject.code(),
-            });
-            refused(shared, &snapshot, decided.ok().as_ref(), &key, &reject);
+    match decide(&snapshot, key, rng) {
+        Ok(d) => Ok((snapshot, d)),
+        Err(reject) => {
+            rejected(shared, &snapshot, None, key, &reject);
+            Err(reject)
+        }
+    }
+}
+
+/// Puts a decision class admission let through into effect: the tenant's
+/// estimate is reserved on the chosen fleet (a 429 naming the limit when it
+/// would pass one), then the replica's load is counted from now and the
+/// writer learns of it.
+pub async fn admit_and_commit(
+    shared: &Shared,
+    snapshot: Arc<Snapshot>,
+    decision: Decision,
+    key: RouteKey<'_>,
+) -> Result<Placed, Reject> {
+    let charge = match admit::admit(shared, &snapshot, &decision, &key).await {
+        Ok(c) => c,
+        Err(reject) => {
+            rejected(shared, &snapshot, Some(&decision), &key, &reject);
             return Err(reject);
         }
-        (Err(reject), Ok(_)) => unreachable!("admitted without a decision: {reject:?}"),
     };
     let topo = &snapshot.topo;
     let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
@@ -85,6 +109,20 @@ pub async fn place(shared: &Shared, key: RouteKey<'_>, rng: u64) -> Result<Place
         guard,
         charge,
     })
+}
+
+fn rejected(
+    shared: &Shared,
+    snap: &Snapshot,
+    d: Option<&Decision>,
+    key: &RouteKey<'_>,
+    reject: &Reject,
+) {
+    shared.emit(Event::Rejected {
+        stage: reject.stage().unwrap_or_default().to_string(),
+        reason: reject.code(),
+    });
+    refused(shared, snap, d, key, reject);
 }
 
 /// The audit record of a request fleetroute answered itself.

@@ -43,6 +43,10 @@ pub struct Lease {
     /// The decision this load belongs to.
     pub decided: Decided,
     pub started: Instant,
+    /// How long admission held the request before it was routed: Envoy's
+    /// time to first byte counts from the request's arrival, the fleet's
+    /// figures from its routing.
+    pub held: Duration,
     bound: Duration,
     prefill_bound: Duration,
     /// The tenant's reservation, until the lease ends (taken once).
@@ -76,6 +80,8 @@ pub struct LeaseInput {
     pub max_tokens: Option<u32>,
     /// The fleet's measured ms of time to first token per 1000 tokens.
     pub prefill_ms_per_k: Option<f64>,
+    /// Time admission held the request before routing it.
+    pub held: Duration,
 }
 
 /// (whole lease, prefill sub-lease).
@@ -180,6 +186,7 @@ impl Leases {
             guard,
             decided,
             started: Instant::now(),
+            held: input.held,
             bound,
             prefill_bound,
             charge: Mutex::new(charge),
@@ -310,6 +317,7 @@ mod tests {
             prefill_tokens: 100_000,
             prefill_ms_per_k: Some(10.0),
             max_tokens: Some(8),
+            ..Default::default()
         };
         let (whole, prefill) = bounds(&c, &queued);
         assert_eq!(prefill, Duration::from_millis(2005));

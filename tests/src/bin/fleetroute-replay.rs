@@ -1,11 +1,14 @@
 //! Replays a request trace (Mooncake format) through every routing policy
-//! against simulated replicas and prints one table per cache size.
+//! against simulated replicas and prints one table per cache size. With
+//! `--overload`, replays it through fleetroute with admission off and on,
+//! with tenants of each priority class, and prints figures per class.
 
 use std::path::PathBuf;
 
 use clap::Parser;
 use fleetroute_tests::engine::latency::LatencyModel;
 use fleetroute_tests::replay::multi::{MultiRouter, Options, Spread};
+use fleetroute_tests::replay::overload::{self, Objectives};
 use fleetroute_tests::replay::{all_policies, replay, row, sim, sim::SimConfig, table, trace};
 
 #[derive(Parser)]
@@ -38,9 +41,23 @@ struct Args {
     /// Replay only the trace's first N requests.
     #[arg(long)]
     requests: Option<usize>,
-    /// Arrival times are divided by this (2 = twice the request rate).
-    #[arg(long, default_value_t = 1.0)]
-    speedup: f64,
+    /// Arrival times are divided by this (2 = twice the request rate);
+    /// repeat for several runs.
+    #[arg(long, default_values_t = [1.0])]
+    speedup: Vec<f64>,
+    /// Replay through fleetroute with admission off and on, conversations
+    /// given to tenants of each class (see `replay::overload`).
+    #[arg(long)]
+    overload: bool,
+    /// Critical's time to first token objective, ms (with --overload).
+    #[arg(long, default_value_t = 1000.0)]
+    critical_ms: f64,
+    /// Standard's objective, ms (with --overload).
+    #[arg(long, default_value_t = 4000.0)]
+    standard_ms: f64,
+    /// The stage's admission headroom (with --overload).
+    #[arg(long, default_value_t = 0.5)]
+    headroom: f64,
     /// fleetroute's `replica_choice` block as YAML, e.g. '{ prefix_weight: 2 }'.
     #[arg(long, default_value = "")]
     replica_choice: String,
@@ -179,7 +196,7 @@ fn main() {
     let bound = trace::infinite_cache_hit_rate(&reqs, a.block_tokens);
     println!(
         "trace {}: {} requests; infinite-cache hit rate {:.3}\n\
-         model: {} replicas, prefill {} tokens/s (one lane), decode {} ms/token, max batch {}, queue {} , speedup {}\n",
+         model: {} replicas, prefill {} tokens/s (one lane), decode {} ms/token, max batch {}, queue {}\n",
         a.trace.display(),
         reqs.len(),
         bound,
@@ -188,41 +205,57 @@ fn main() {
         a.decode_ms_per_token,
         a.max_batch,
         a.max_queue,
-        a.speedup
     );
-    for &cache_tokens in &a.cache_tokens {
-        let cfg = SimConfig {
-            replicas: a.replicas,
-            cache_tokens,
-            router_cache_tokens: a.router_cache_tokens,
-            block_tokens: a.block_tokens,
-            latency: LatencyModel {
-                prefill_tokens_per_sec: a.prefill_tokens_per_sec,
-                decode_ms_per_token: a.decode_ms_per_token,
-                max_batch: a.max_batch,
-            },
-            max_queue: a.max_queue,
-            speedup: a.speedup,
-            scrape_ms: None,
-        };
-        if !a.routers.is_empty() {
+    if a.overload {
+        overload::assign_tenants(&mut reqs);
+    }
+    for &speedup in &a.speedup {
+        for &cache_tokens in &a.cache_tokens {
+            let cfg = SimConfig {
+                replicas: a.replicas,
+                cache_tokens,
+                router_cache_tokens: a.router_cache_tokens,
+                block_tokens: a.block_tokens,
+                latency: LatencyModel {
+                    prefill_tokens_per_sec: a.prefill_tokens_per_sec,
+                    decode_ms_per_token: a.decode_ms_per_token,
+                    max_batch: a.max_batch,
+                },
+                max_queue: a.max_queue,
+                speedup,
+                scrape_ms: None,
+            };
+            if !a.routers.is_empty() {
+                println!(
+                    "### {speedup}x, {cache_tokens} tokens of KV cache per replica, several instances\n"
+                );
+                several_routers(&a, &cfg, &reqs);
+                continue;
+            }
+            if a.overload {
+                let obj = Objectives {
+                    critical_ms: a.critical_ms,
+                    standard_ms: a.standard_ms,
+                    headroom: a.headroom,
+                };
+                println!(
+                    "### {speedup}x, {cache_tokens} tokens of KV cache per replica; objectives critical {} ms, standard {} ms, headroom {}\n",
+                    obj.critical_ms, obj.standard_ms, obj.headroom
+                );
+                println!("{}", overload::table(&overload::compare(&cfg, &reqs, obj)));
+                continue;
+            }
+            let rows: Vec<_> = all_policies(&cfg, reqs.len(), &a.replica_choice, &a.outlier)
+                .iter_mut()
+                .map(|p| replay(&cfg, &reqs, p.as_mut()))
+                .collect();
+            println!("### {speedup}x, {cache_tokens} tokens of KV cache per replica\n");
+            println!("{}", table(&rows));
+            let f = rows.last().expect("fleetroute row");
             println!(
-                "### {} tokens of KV cache per replica, several instances\n",
-                cache_tokens
+                "fleetroute hit rate / infinite-cache bound: {:.3}\n",
+                f.hit_rate / bound
             );
-            several_routers(&a, &cfg, &reqs);
-            continue;
         }
-        let rows: Vec<_> = all_policies(&cfg, reqs.len(), &a.replica_choice, &a.outlier)
-            .iter_mut()
-            .map(|p| replay(&cfg, &reqs, p.as_mut()))
-            .collect();
-        println!("### {} tokens of KV cache per replica\n", cache_tokens);
-        println!("{}", table(&rows));
-        let f = rows.last().expect("fleetroute row");
-        println!(
-            "fleetroute hit rate / infinite-cache bound: {:.3}\n",
-            f.hit_rate / bound
-        );
     }
 }

@@ -5,18 +5,20 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
+use fleetroute::admission::{Admission, Judged, Retried, Ticket};
 use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::observe::Observation;
 use fleetroute::observe::usage::{PromptDetails, Usage};
 use fleetroute::route::key::RouteKey;
-use fleetroute::route::place::place;
+use fleetroute::route::place::{Placed, admit_and_commit, decide_on};
 use fleetroute::state::load::RequestGuard;
 use fleetroute::state::peer::PeerUpdate;
 use fleetroute::state::{Decided, Event, Shared, Writer};
 use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 
-use super::sim::{SimRouter, View};
+use super::sim::{Admitted, SimRouter, View};
 use super::trace::TraceRequest;
 
 pub struct Fleetroute {
@@ -27,6 +29,10 @@ pub struct Fleetroute {
     live: Vec<Option<Live>>,
     rng: u64,
     label: String,
+    /// The real admission, on the simulated clock.
+    admission: Admission,
+    /// Requests it holds, by trace index, in arrival order.
+    held: Vec<(usize, Ticket)>,
 }
 
 struct Live {
@@ -44,9 +50,6 @@ pub fn config(
     replica_choice: &str,
     outlier: &str,
 ) -> ValidConfig {
-    let eps: Vec<String> = (0..replicas)
-        .map(|r| format!("\"10.0.0.{}:8000\"", r + 1))
-        .collect();
     let mut rc = String::new();
     if !replica_choice.is_empty() {
         rc += &format!("    replica_choice: {replica_choice}\n");
@@ -54,9 +57,24 @@ pub fn config(
     if !outlier.is_empty() {
         rc += &format!("    outlier: {outlier}\n");
     }
+    config_with(replicas, cache_tokens, max_batch, &rc, "")
+}
+
+/// The same fleet and stage, with `stage` lines added to the stage (each
+/// indented by four spaces) and `top` sections before `fleets:`.
+pub fn config_with(
+    replicas: usize,
+    cache_tokens: u64,
+    max_batch: usize,
+    stage: &str,
+    top: &str,
+) -> ValidConfig {
+    let eps: Vec<String> = (0..replicas)
+        .map(|r| format!("\"10.0.0.{}:8000\"", r + 1))
+        .collect();
     let yaml = format!(
-        "fleets:\n  - name: pool\n    region: r\n    endpoints: [{}]\n    capacity: {{ max_inflight: {max_batch}, kv_cache_tokens: {cache_tokens} }}\n\
-         stages:\n  - name: trace\n    models: [trace]\n    fleets: [pool]\n{rc}",
+        "{top}fleets:\n  - name: pool\n    region: r\n    endpoints: [{}]\n    capacity: {{ max_inflight: {max_batch}, kv_cache_tokens: {cache_tokens} }}\n\
+         stages:\n  - name: trace\n    models: [trace]\n    fleets: [pool]\n{stage}",
         eps.join(", ")
     );
     RouterConfig::parse_valid(&yaml).unwrap_or_else(|e| panic!("replay config: {e}"))
@@ -87,7 +105,14 @@ impl Fleetroute {
             live: (0..requests).map(|_| None).collect(),
             rng: 0x853c_49e6_748f_ea9b,
             label: label.to_string(),
+            admission: Admission::new(start),
+            held: Vec::new(),
         }
+    }
+
+    /// fleetroute's `/metrics` text after a run.
+    pub fn metrics(&self) -> String {
+        self.shared.metrics.render()
     }
 
     pub fn at(&self, ms: f64) -> Instant {
@@ -110,13 +135,16 @@ impl Fleetroute {
         self.writer.drain(t);
     }
 
-    /// The real decision for `req` at `now`, its load counted.
-    pub fn place(&mut self, now: f64, req: &TraceRequest) -> Placement {
+    fn next_rng(&mut self) -> u64 {
         self.rng = self
             .rng
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let key = RouteKey {
+        self.rng
+    }
+
+    fn key<'a>(&self, req: &'a TraceRequest) -> RouteKey<'a> {
+        RouteKey {
             model: Some("trace"),
             // The filter's content-derived key: system prompt plus first
             // user message, the same for every turn of a conversation.
@@ -125,11 +153,22 @@ impl Fleetroute {
             blocks: req.blocks.clone(),
             block_tokens: self.block_tokens,
             prompt_tokens: req.input_tokens as u32,
+            tenant: &req.tenant,
             ..Default::default()
-        };
-        // No tenant limits here: placing never waits (no Redis round trip).
-        let placed = futures::executor::block_on(place(&self.shared, key, self.rng))
-            .expect("a ready replica");
+        }
+    }
+
+    /// The real decision for `req` at `now`, its load counted (no admission).
+    pub fn place(&mut self, now: f64, req: &TraceRequest) -> Placement {
+        let rng = self.next_rng();
+        let key = self.key(req);
+        let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
+        let placed = commit(&self.shared, snap, decision, key);
+        self.placement(now, placed, 0.0)
+    }
+
+    /// A decision put into effect at `now`, after `held_ms` held.
+    fn placement(&mut self, now: f64, placed: Placed, held_ms: f64) -> Placement {
         let decided = placed.decided();
         let prefill_ms_per_k = placed.snapshot.fleets[0].figures.latency;
         let (d, guard) = (placed.decision, placed.guard);
@@ -143,7 +182,27 @@ impl Fleetroute {
             uncached: d.uncached_tokens,
             queued: d.queued_tokens,
             prefill_ms_per_k,
+            held_ms,
         }
+    }
+
+    /// An admitted decision put into effect; its replica.
+    fn placed(
+        &mut self,
+        now: f64,
+        id: usize,
+        req: &TraceRequest,
+        placed: Placed,
+        held_ms: f64,
+    ) -> usize {
+        let p = self.placement(now, placed, held_ms);
+        let replica = p.replica;
+        self.live[id] = Some(Live {
+            placed: p,
+            routed_at: now,
+            req: req.clone(),
+        });
+        replica
     }
 
     /// What the access log entry of a finished request tells the writer.
@@ -164,7 +223,10 @@ impl Fleetroute {
             replica: format!("10.0.0.{}:8000", p.replica + 1),
             served_by: None,
             status: Some(if served { 200 } else { 503 }),
-            time_to_first_byte: served.then(|| Duration::from_secs_f64(ttft_ms / 1000.0)),
+            // Envoy's time to first byte includes the hold; the observer takes it
+            // out again, as `observe::access_log` does.
+            time_to_first_byte: served
+                .then(|| Duration::from_secs_f64((ttft_ms - p.held_ms).max(0.0) / 1000.0)),
             total: Duration::from_secs_f64((now - routed_at).max(0.0) / 1000.0),
             usage: served.then_some(Usage {
                 prompt_tokens: req.input_tokens,
@@ -196,6 +258,8 @@ pub struct Placement {
     /// The fleet's measured time to first token per 1000 tokens, for the
     /// lease bound.
     pub prefill_ms_per_k: Option<f64>,
+    /// Time admission held it, ms.
+    pub held_ms: f64,
 }
 
 impl SimRouter for Fleetroute {
@@ -203,15 +267,84 @@ impl SimRouter for Fleetroute {
         self.label.clone()
     }
 
-    fn route(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> usize {
-        let p = self.place(now, req);
-        let replica = p.replica;
-        self.live[id] = Some(Live {
-            placed: p,
-            routed_at: now,
-            req: req.clone(),
-        });
-        replica
+    fn route(&mut self, now: f64, id: usize, req: &TraceRequest, view: &View<'_>) -> usize {
+        match self.arrive(now, id, req, view) {
+            Admitted::To(r) => r,
+            other => panic!("routed with admission: {other:?}"),
+        }
+    }
+
+    fn arrive(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> Admitted {
+        let rng = self.next_rng();
+        let key = self.key(req);
+        let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
+        let t = self.at(now);
+        let judged = self.admission.judge(
+            &self.shared.metrics,
+            &snap,
+            &HeaderMap::default(),
+            &key,
+            decision,
+            t,
+        );
+        match judged {
+            Judged::Admit(d) => {
+                let p = commit(&self.shared, snap, d, key);
+                Admitted::To(self.placed(now, id, req, p, 0.0))
+            }
+            Judged::Hold(ticket) => {
+                self.held.push((id, ticket));
+                Admitted::Held
+            }
+            Judged::Refuse { .. } => Admitted::Refused,
+            Judged::Invalid(_) => unreachable!("no priority header in the replay"),
+        }
+    }
+
+    fn release(
+        &mut self,
+        now: f64,
+        reqs: &[TraceRequest],
+        _: &View<'_>,
+    ) -> Vec<(usize, Option<usize>)> {
+        if self.held.is_empty() {
+            return Vec::new();
+        }
+        let t = self.at(now);
+        let mut out = Vec::new();
+        // Deadlines passed and places lost to lighter tenants.
+        let mut kept = Vec::with_capacity(self.held.len());
+        for (id, ticket) in std::mem::take(&mut self.held) {
+            if ticket.evicted() || t >= ticket.deadline() {
+                ticket.refuse(t);
+                out.push((id, None));
+            } else {
+                kept.push((id, ticket));
+            }
+        }
+        self.held = kept;
+        // Heads, one after another, until one must wait.
+        while let Some(pos) = self.held.iter().position(|(_, tk)| tk.is_head(t)) {
+            let (id, ticket) = self.held.remove(pos);
+            let rng = self.next_rng();
+            let key = self.key(&reqs[id]);
+            let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
+            let held_ms = t.saturating_duration_since(ticket.arrived()).as_secs_f64() * 1000.0;
+            match self.admission.retry(ticket, &snap, &key, decision, t) {
+                (_, Retried::Release(d)) => {
+                    let p = commit(&self.shared, snap, d, key);
+                    let r = self.placed(now, id, &reqs[id], p, held_ms);
+                    out.push((id, Some(r)));
+                }
+                (_, Retried::Refuse(_)) => out.push((id, None)),
+                (Some(ticket), Retried::Wait) => {
+                    self.held.insert(pos, (id, ticket));
+                    break;
+                }
+                (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
+            }
+        }
+        out
     }
 
     fn first_token(&mut self, _: f64, id: usize) {
@@ -233,4 +366,15 @@ impl SimRouter for Fleetroute {
         let t = self.at(now);
         self.writer.tick(t);
     }
+}
+
+/// The decision put into effect. No tenant limits in the replay, so the
+/// tenant's admission never waits (no Redis round trip) nor refuses.
+fn commit(
+    shared: &Shared,
+    snap: Arc<fleetroute::state::Snapshot>,
+    d: fleetroute::route::Decision,
+    key: RouteKey<'_>,
+) -> Placed {
+    futures::executor::block_on(admit_and_commit(shared, snap, d, key)).expect("no tenant limits")
 }

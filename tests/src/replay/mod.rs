@@ -3,6 +3,7 @@
 
 pub mod fleetroute;
 pub mod multi;
+pub mod overload;
 pub mod policies;
 pub mod prompt;
 pub mod sim;
@@ -26,7 +27,7 @@ pub struct Row {
     pub rejected: u64,
 }
 
-fn pct(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

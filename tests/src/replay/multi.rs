@@ -411,6 +411,7 @@ impl SimRouter for MultiRouter {
                 prefill_tokens: p.uncached + p.queued,
                 max_tokens: Some(req.output_tokens.min(u64::from(u32::MAX)) as u32),
                 prefill_ms_per_k: p.prefill_ms_per_k,
+                ..Default::default()
             },
         );
         let replica = p.replica;

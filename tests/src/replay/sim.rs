@@ -16,11 +16,35 @@ pub struct View<'a> {
     pub caches: &'a [PrefixCache],
 }
 
+/// What a router with admission makes of an arriving request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admitted {
+    To(usize),
+    /// Answered 429: never served.
+    Refused,
+    /// Held by the router; `release` says later what became of it.
+    Held,
+}
+
 /// A routing policy under test.
 pub trait SimRouter {
     fn name(&self) -> String;
     /// Picks a replica for request `id` arriving at `now_ms`.
     fn route(&mut self, now_ms: f64, id: usize, req: &TraceRequest, view: &View<'_>) -> usize;
+    /// The same, for routers that may also refuse or hold a request.
+    fn arrive(&mut self, now_ms: f64, id: usize, req: &TraceRequest, view: &View<'_>) -> Admitted {
+        Admitted::To(self.route(now_ms, id, req, view))
+    }
+    /// Held requests that leave now: to a replica, or refused (`None`).
+    /// Called after every event and every [`POLL_MS`].
+    fn release(
+        &mut self,
+        _now_ms: f64,
+        _reqs: &[TraceRequest],
+        _view: &View<'_>,
+    ) -> Vec<(usize, Option<usize>)> {
+        Vec::new()
+    }
     /// The first token of `id` came back.
     fn first_token(&mut self, _now_ms: f64, _id: usize) {}
     /// `id` finished; the engine reported `cached_tokens`.
@@ -56,9 +80,32 @@ pub struct SimConfig {
     pub scrape_ms: Option<f64>,
 }
 
+/// How often held requests are looked at, as fleetroute's queue head polls.
+pub const POLL_MS: f64 = 20.0;
+
+/// One request's fate.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RequestOutcome {
+    /// Arrival to first token; NaN when it was never served.
+    pub ttft_ms: f64,
+    /// Refused by the router's admission (429).
+    pub refused: bool,
+    /// Refused by a replica whose queue was full.
+    pub rejected: bool,
+    /// Held by the router before being routed or refused.
+    pub held: bool,
+    /// Time held, ms.
+    pub waited_ms: f64,
+    /// Its own prefill on the replica that served it (uncached tokens at
+    /// the lane's rate), ms: a first token can come no sooner.
+    pub prefill_ms: f64,
+}
+
 #[derive(Clone, Debug, Default)]
 pub struct Outcome {
     pub ttft_ms: Vec<f64>,
+    /// Parallel to the trace's requests.
+    pub requests: Vec<RequestOutcome>,
     pub cached_tokens: u64,
     pub prompt_tokens: u64,
     pub rejected: u64,
@@ -82,6 +129,7 @@ enum Kind {
     Finish(usize, usize),
     Tick,
     Scrape,
+    Poll,
 }
 
 impl Eq for Ev {}
@@ -119,6 +167,13 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
     let mut out = Outcome {
         per_replica: vec![0; n],
         prefill_per_replica: vec![0; n],
+        requests: vec![
+            RequestOutcome {
+                ttft_ms: f64::NAN,
+                ..Default::default()
+            };
+            reqs.len()
+        ],
         ..Default::default()
     };
     let mut cached_of = vec![0u64; reqs.len()];
@@ -138,11 +193,14 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
     if let Some(every) = cfg.scrape_ms {
         push(&mut heap, every, Kind::Scrape);
     }
+    push(&mut heap, 0.0, Kind::Poll);
     let mut remaining = reqs.len();
 
     while let Some(ev) = heap.pop() {
         let now = ev.at;
-        let mut start_on = None;
+        let mut start_on = Vec::new();
+        // Requests that go to a replica now: (request, replica).
+        let mut enqueue = Vec::new();
         match ev.kind {
             Kind::Tick => {
                 router.tick(now);
@@ -165,45 +223,75 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                     push(&mut heap, now + every, Kind::Scrape);
                 }
             }
+            Kind::Poll => {
+                if remaining > 0 {
+                    push(&mut heap, now + POLL_MS, Kind::Poll);
+                }
+            }
             Kind::Arrive(i) => {
                 let view = View {
                     inflight: &inflight,
                     caches: &caches,
                 };
-                let r = router.route(now, i, &reqs[i], &view).min(n - 1);
-                if reps[r].queue.len() >= cfg.max_queue {
-                    out.rejected += 1;
-                    remaining -= 1;
-                    router.finished(now, i, 0, f64::NAN);
-                    continue;
+                match router.arrive(now, i, &reqs[i], &view) {
+                    Admitted::To(r) => enqueue.push((i, r.min(n - 1))),
+                    Admitted::Refused => {
+                        out.requests[i].refused = true;
+                        remaining -= 1;
+                    }
+                    Admitted::Held => out.requests[i].held = true,
                 }
-                inflight[r] += 1;
-                reps[r].queue.push_back(i);
-                start_on = Some(r);
             }
             Kind::PrefillDone(r, i) => {
                 reps[r].lane_busy = false;
                 let first = now + cfg.latency.decode_ms(1);
                 ttft_of[i] = first - arrival[i];
                 out.ttft_ms.push(ttft_of[i]);
+                out.requests[i].ttft_ms = ttft_of[i];
                 router.first_token(first, i);
                 push(
                     &mut heap,
                     now + cfg.latency.decode_ms(reqs[i].output_tokens),
                     Kind::Finish(r, i),
                 );
-                start_on = Some(r);
+                start_on.push(r);
             }
             Kind::Finish(r, i) => {
                 reps[r].running -= 1;
                 inflight[r] -= 1;
                 remaining -= 1;
                 router.finished(now, i, cached_of[i], ttft_of[i]);
-                start_on = Some(r);
+                start_on.push(r);
             }
         }
+        let view = View {
+            inflight: &inflight,
+            caches: &caches,
+        };
+        for (i, r) in router.release(now, reqs, &view) {
+            out.requests[i].waited_ms = now - arrival[i];
+            match r {
+                Some(r) => enqueue.push((i, r.min(n - 1))),
+                None => {
+                    out.requests[i].refused = true;
+                    remaining -= 1;
+                }
+            }
+        }
+        for (i, r) in enqueue {
+            if reps[r].queue.len() >= cfg.max_queue {
+                out.rejected += 1;
+                out.requests[i].rejected = true;
+                remaining -= 1;
+                router.finished(now, i, 0, f64::NAN);
+                continue;
+            }
+            inflight[r] += 1;
+            reps[r].queue.push_back(i);
+            start_on.push(r);
+        }
         // Start the next prefill when the lane and a batch slot are free.
-        if let Some(r) = start_on {
+        for r in start_on {
             let rep = &mut reps[r];
             if !rep.lane_busy
                 && rep.running < cfg.latency.max_batch
@@ -219,6 +307,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                 out.prefill_per_replica[r] += req.input_tokens - cached;
                 rep.lane_busy = true;
                 rep.running += 1;
+                out.requests[i].prefill_ms = cfg.latency.prefill_ms(req.input_tokens - cached);
                 push(
                     &mut heap,
                     now + cfg.latency.prefill_ms(req.input_tokens - cached),

@@ -29,6 +29,9 @@ pub struct TraceRequest {
     /// The filter's content-derived key: a hash of the system prompt and
     /// the first user message, so every turn of a conversation shares it.
     pub content_key: u64,
+    /// The tenant that sent it (the overload replay assigns them; empty in
+    /// the traces themselves).
+    pub tenant: String,
 }
 
 /// Blocks the prompt builder puts in the system message when a trace does not
@@ -61,6 +64,7 @@ pub fn load(text: &str, block_tokens: u64) -> Result<Vec<TraceRequest>, String> 
         out.push(TraceRequest {
             system_blocks,
             content_key: content_key(&l.hash_ids, system_blocks),
+            tenant: String::new(),
             arrival_ms: l.timestamp,
             input_tokens: l.input_length,
             output_tokens: l.output_length.max(1),

@@ -2,6 +2,7 @@
 //! make sense. One function per section, each error with its field path;
 //! every error is collected rather than stopping at the first.
 
+mod admission;
 mod envoy;
 mod experiment;
 mod fleet;
@@ -143,6 +144,7 @@ pub(super) fn errors(cfg: &RouterConfig) -> Vec<ConfigError> {
         tenants::redis(r, &mut e);
     }
     tenants::audit(&cfg.audit, &mut e);
+    admission::admission(&cfg.admission, &mut e);
     e.0
 }
 

@@ -90,6 +90,9 @@ fn stage(mut sc: Scope<'_>, e: &mut Errors) {
         warmup(w, &format!("{p}.warmup"), e);
     }
     experiment::experiment(&sc, e);
+    if let Some(a) = &s.admission {
+        super::admission::stage(a, &format!("{p}.admission"), e);
+    }
 }
 
 /// The stage's fleets exist, appear once and lie inside its residency.

@@ -299,3 +299,71 @@ fn tenant_sections_are_checked_with_their_paths() {
     );
     assert_eq!(cfg.tenants_redis.map(|r| r.timeout_ms), Some(100));
 }
+
+#[test]
+fn admission_is_checked_with_its_paths() {
+    let ok = format!(
+        "{GOOD}    admission: {{ ttft_ms: {{ critical: 1500, standard: 4000 }} }}\n\
+         admission: {{ priority_header: x-priority, header_may_raise: true }}\n"
+    );
+    assert_eq!(errors(&ok), Vec::<String>::new());
+    for (stage, top, says) in [
+        (
+            "{ ttft_ms: { critical: 0 } }",
+            "",
+            "stages[0].admission.ttft_ms.critical: 0 must be between 1 and 600000 ms",
+        ),
+        (
+            "{ ttft_ms: { critical: 4000, standard: 1500 } }",
+            "",
+            "stages[0].admission.ttft_ms.standard: 1500 is tighter than critical (4000)",
+        ),
+        (
+            "{ headroom: 1 }",
+            "",
+            "stages[0].admission.headroom: must be at least 0 and below 1",
+        ),
+        (
+            "{ queue: { standard: 5000 } }",
+            "",
+            "stages[0].admission.queue.standard: 5000 is above 4096",
+        ),
+        (
+            "{ retry_after_s: 0 }",
+            "",
+            "stages[0].admission.retry_after_s: 0 must be between 1 and 3600",
+        ),
+        (
+            "{ ttft_ms: { urgent: 10 } }",
+            "",
+            "stages[0].admission.ttft_ms: unknown field `urgent`",
+        ),
+        (
+            "{}",
+            "admission: { priority_header: x-fleetroute-priority }",
+            "admission.priority_header: 'x-fleetroute-priority' is reserved",
+        ),
+        (
+            "{}",
+            "admission: { priority_header: X-Priority }",
+            "admission.priority_header: 'X-Priority' must be a lowercase HTTP header name",
+        ),
+        (
+            "{}",
+            "admission: { priority_header: authorization }",
+            "admission.priority_header: 'authorization' cannot name the priority class",
+        ),
+        (
+            "{}",
+            "admission: { max_wait_ms: 60000 }",
+            "admission.max_wait_ms: 60000 must be between 1 and 30000",
+        ),
+    ] {
+        let yaml = format!("{GOOD}    admission: {stage}\n{top}\n");
+        let got = errors(&yaml);
+        assert!(
+            got.iter().any(|g| g.starts_with(says)),
+            "want {says:?}, got {got:?}"
+        );
+    }
+}
