@@ -14,9 +14,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Status, Streaming};
 use tracing::Instrument;
 
+use crate::admission::judge::Refusal;
 use crate::admission::{Admission, Judged, Retried, Ticket, reply};
 use crate::decision_trace::DecisionSpan;
-use crate::route::place::{Placed, admit_and_commit, decide_on};
+use crate::route::place::{Placed, admit_and_commit, audit_overloaded, decide_on};
 use crate::route::{key::RouteKey, mutation};
 use crate::state::Shared;
 use crate::state::lease::LeaseInput;
@@ -93,10 +94,23 @@ pub async fn route_request<'a>(
                 }
             }
         }
-        Judged::Refuse { stage, refusal } => Answer::Now(reply::refused(&stage, &refusal)),
+        Judged::Refuse { stage, refusal } => {
+            Answer::Now(overloaded(shared, &key, &stage, &refusal))
+        }
         Judged::Hold(ticket) => Answer::Held(Held { ticket, key }),
         Judged::Invalid(bad) => Answer::Now(reply::bad_priority(&bad)),
     }
+}
+
+/// Class admission's 429, written to the audit log like every answer.
+fn overloaded(
+    shared: &Shared,
+    key: &RouteKey<'_>,
+    stage: &str,
+    refusal: &Refusal,
+) -> ProcessingResponse {
+    audit_overloaded(shared, key, stage, refusal.reason.as_str());
+    reply::refused(stage, refusal)
 }
 
 /// What the client asked for that its answer needs after the key is spent.
@@ -166,7 +180,7 @@ async fn attempt(
                 Err(reject) => Ok(mutation::reject(&reject)),
             }
         }
-        (_, Retried::Refuse(r)) => Ok(reply::refused(&stage, &r)),
+        (_, Retried::Refuse(r)) => Ok(overloaded(shared, key, &stage, &r)),
         (Some(t), Retried::Wait) => Err(t),
         (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
     }
@@ -195,13 +209,18 @@ async fn hold(
             _ = inbound.message() => return None,
             _ = tokio::time::sleep_until(deadline) => {
                 let stage = ticket.stage_name().to_string();
-                return Some(reply::refused(&stage, &ticket.refuse(Instant::now())));
+                return Some(overloaded(shared, &key, &stage, &ticket.refuse(Instant::now())));
             }
             _ = ticket.turn() => {}
         }
         if ticket.evicted() {
             let stage = ticket.stage_name().to_string();
-            return Some(reply::refused(&stage, &ticket.refuse(Instant::now())));
+            return Some(overloaded(
+                shared,
+                &key,
+                &stage,
+                &ticket.refuse(Instant::now()),
+            ));
         }
         if !ticket.is_head(Instant::now()) {
             continue;

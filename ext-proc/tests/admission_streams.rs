@@ -63,8 +63,13 @@ impl Drop for Rig {
 }
 
 async fn rig() -> Rig {
-    let cfg = RouterConfig::parse_valid(CONFIG).expect("config");
+    rig_with(CONFIG).await
+}
+
+async fn rig_with(config: &str) -> Rig {
+    let cfg = RouterConfig::parse_valid(config).expect("config");
     let (shared, mut w) = Writer::new(&cfg);
+    shared.tenants.start_audit(&cfg.audit).expect("audit file");
     let now = Instant::now();
     w.apply(
         Event::Health {
@@ -387,4 +392,38 @@ async fn what_class_admission_lets_through_meets_its_tenants_limits_also_after_a
     assert_eq!(error(i)["code"], "max_requests_in_flight", "{:?}", error(i));
     assert_eq!(rig.verdicts("critical", "admitted_after_wait"), 1.0);
     assert_eq!(rig.depth("critical"), 0.0);
+}
+
+#[tokio::test]
+async fn a_class_refusal_writes_its_audit_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("audit.log");
+    let rig = rig_with(&format!(
+        "{CONFIG}audit: {{ path: '{}' }}\n",
+        path.display()
+    ))
+    .await;
+    let _full = rig.fill();
+    let (tx, mut replies) = rig.stream().await;
+    tx.send(request("batch", None)).await.expect("send");
+    let e = error(immediate(&next(&mut replies).await));
+    assert_eq!(e["reason"], "saturated");
+    let mut line = serde_json::Value::Null;
+    wait_until("the audit line", || {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        match text.lines().next() {
+            Some(l) => {
+                line = serde_json::from_str(l).expect("a JSON line");
+                true
+            }
+            None => false,
+        }
+    })
+    .await;
+    assert_eq!(line["admission"], "overloaded", "{line}");
+    assert_eq!(line["reason"], "saturated", "{line}");
+    assert_eq!(line["status"], 429, "{line}");
+    assert_eq!(line["stage"], "chat", "{line}");
+    assert_eq!(line["tenant"], "batch", "{line}");
+    assert_eq!(line["model_requested"], "m1", "{line}");
 }

@@ -63,8 +63,7 @@ pub fn settle(shared: &Shared, entry: &HttpAccessLogEntry, obs: &Observation, mu
         request_id: ctx.request_id.into(),
         tenant,
         model_requested: ctx.model.to_string(),
-        // The model name is not rewritten per fleet: what was asked is served.
-        model_served: ctx.model.into(),
+        model_served: ctx.model_served.unwrap_or(ctx.model).into(),
         stage: obs.stage.clone(),
         fleet: obs.fleet.clone(),
         replica: obs.served_by.clone().unwrap_or_else(|| obs.replica.clone()),

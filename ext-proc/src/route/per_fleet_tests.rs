@@ -134,6 +134,24 @@ fn the_served_name_goes_with_the_decision_only_when_it_differs() {
 }
 
 #[test]
+fn the_audit_record_names_the_model_the_fleet_served() {
+    let r = rig(
+        "  - { name: s, models: [llama, meta-llama/Llama-3.1-70B-Instruct], fleets: [{ name: burst, model: meta-llama/Llama-3.1-70B-Instruct }] }",
+    );
+    let snap = r.shared.snapshot();
+    for (asked, served) in [
+        ("llama", Some("meta-llama/Llama-3.1-70B-Instruct")),
+        ("meta-llama/Llama-3.1-70B-Instruct", None),
+    ] {
+        let k = key(asked, 1);
+        let d = decide(&snap, &k, 0).unwrap();
+        let ctx = super::admit::context(&snap, &d, &k);
+        assert_eq!(&*ctx.model, asked);
+        assert_eq!(ctx.model_served.as_deref(), served, "asked {asked}");
+    }
+}
+
+#[test]
 fn a_fleet_with_a_key_replaces_the_clients_credentials() {
     let r = rig(&only("paid", ""));
     let (_, reply) = route(&r, "llama", 1);

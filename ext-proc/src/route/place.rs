@@ -125,6 +125,25 @@ fn rejected(
     refused(shared, snap, d, key, reject);
 }
 
+/// The audit record of a request class admission refused (`overloaded`,
+/// with its rule as the reason): like any refusal, before a fleet took it.
+pub fn audit_overloaded(shared: &Shared, key: &RouteKey<'_>, stage: &str, rule: &str) {
+    if !shared.tenants.auditing() {
+        return;
+    }
+    shared.tenants.audit(AuditRecord {
+        time: clock::rfc3339_ms(Clock::real().now_ms()),
+        request_id: key.request_id.to_string(),
+        tenant: shared.tenants.ledger().tenant(key.tenant).id.to_string(),
+        model_requested: key.model.unwrap_or("").to_string(),
+        stage: stage.to_string(),
+        reason: rule.to_string(),
+        admission: "overloaded".to_string(),
+        status: 429,
+        ..Default::default()
+    });
+}
+
 /// The audit record of a request fleetroute answered itself.
 fn refused(
     shared: &Shared,

@@ -32,6 +32,8 @@ pub struct AuditContext {
     pub admitted_ms: u64,
     pub request_id: Box<str>,
     pub model: Box<str>,
+    /// The fleet's own name for the model, when it serves it under another.
+    pub model_served: Option<Box<str>>,
     pub policy: &'static str,
     pub reason: &'static str,
 }
