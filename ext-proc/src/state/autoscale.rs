@@ -169,6 +169,10 @@ pub(super) fn tick(
         })
         .collect();
     let mut desired: Vec<Option<u32>> = vec![None; topo.fleets.len()];
+    // In a priority order a fleet does not shrink while a later one still
+    // asks for more than its minimum (as published last tick): the burst
+    // goes first, and the base's hold starts only once the burst is down.
+    let mut keep = vec![false; topo.fleets.len()];
     for stage in &topo.stages {
         let (order, priority) = match &stage.policy {
             Policy::Priority { order } => {
@@ -179,14 +183,24 @@ pub(super) fn tick(
             _ => (stage.fleets.clone(), false),
         };
         let (min, max) = stage.replicas.map_or((0, u32::MAX), |b| (b.min, b.max));
+        if priority {
+            for (i, &f) in order.iter().enumerate() {
+                keep[f] |= order[i + 1..]
+                    .iter()
+                    .any(|&g| fleets[g].desired > signals[g].min);
+            }
+        }
         let sig: Vec<Signal> = order.iter().map(|&f| signals[f]).collect();
         for (&f, d) in order.iter().zip(allocate(&sig, priority, min, max)) {
             desired[f] = Some(desired[f].map_or(d, |x: u32| x.max(d)));
         }
     }
     for (f, d) in desired.into_iter().enumerate() {
-        let computed =
+        let mut computed =
             d.unwrap_or_else(|| signals[f].min.max(signals[f].ready.min(signals[f].max)));
+        if keep[f] {
+            computed = computed.max(fleets[f].desired);
+        }
         let hold = Duration::from_millis(topo.fleets[f].scaling.scale_down_after_ms);
         fleets[f].desired = fleets[f].step_down.update(computed, hold, now);
     }
@@ -272,6 +286,60 @@ mod tests {
             .map(|&c| s.update(c, Duration::ZERO, t0))
             .collect();
         assert_eq!(seq, vec![3, 1, 2, 0]);
+    }
+
+    #[test]
+    fn in_a_priority_order_the_base_waits_for_the_burst_to_shrink() {
+        use crate::config::RouterConfig;
+        use crate::state::Writer;
+        use crate::topology::{FleetId, ReplicaId};
+        let eps = |n: u8| {
+            (1..=3)
+                .map(|i| format!("\"10.0.{n}.{i}:1\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let cfg = RouterConfig::parse_valid(&format!(
+            "fleets:\n\
+             - {{ name: base, region: us, endpoints: [{}], capacity: {{ max_inflight: 2 }}, hosts: {{ min: 1, max: 3 }}, scaling: {{ scale_down_after_ms: 1000 }} }}\n\
+             - {{ name: burst, region: us, endpoints: [{}], capacity: {{ max_inflight: 2 }}, hosts: {{ min: 0, max: 3 }}, scaling: {{ scale_down_after_ms: 1000 }} }}\n\
+             stages: [{{ name: s, models: [m], fleets: [base, burst], routing: {{ policy: priority, order: [base, burst] }} }}]\n",
+            eps(0),
+            eps(1)
+        ))
+        .unwrap();
+        let (shared, mut w) = Writer::new(&cfg);
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let desired = |shared: &crate::state::Shared| {
+            let s = shared.snapshot();
+            (s.fleets[0].desired_replicas, s.fleets[1].desired_replicas)
+        };
+        // Six replicas' worth of requests on the base: both fleets at 3.
+        let guards: Vec<_> = {
+            let snap = shared.snapshot();
+            let base = &snap.topo.fleets[FleetId(0).0];
+            (0..12)
+                .map(|i| base.replicas[ReplicaId(i % 3)].load.start(0))
+                .collect()
+        };
+        w.tick(at(0));
+        assert_eq!(desired(&shared), (3, 3));
+        // The load goes at once: the burst steps down after its hold, the
+        // base only a hold after the burst reached its minimum.
+        drop(guards);
+        let mut seen = Vec::new();
+        for ms in (250..=3000).step_by(250) {
+            w.tick(at(ms));
+            seen.push((ms, desired(&shared)));
+        }
+        let burst_down = seen.iter().find(|x| x.1.1 == 0).expect("burst shrinks").0;
+        let base_down = seen.iter().find(|x| x.1.0 < 3).expect("base shrinks").0;
+        assert!(
+            seen.iter().all(|x| x.1.0 == 3 || x.1.1 == 0),
+            "the base shrank while the burst was up: {seen:?}"
+        );
+        assert!(base_down >= burst_down + 1000, "{seen:?}");
     }
 
     #[test]
