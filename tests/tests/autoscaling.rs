@@ -166,11 +166,16 @@ impl Driver<'_> {
                 f.leaving.retain(|(_, a, _)| known.contains(a));
             }
         }
-        // Burst first: on the way down it shrinks before the base in one poll.
-        for i in [1, 0] {
+        // Shrinks burst first and grows base first, as a KEDA acting on both
+        // fleets in one poll would be expected to (within a poll the order
+        // is the driver's, not the signal's).
+        for (i, grow) in [(1, false), (0, false), (0, true), (1, true)] {
             let Some(d) = want[i] else { continue };
             let d = d.clamp(MIN, MAX);
             let n = self.fleets[i].listed.len();
+            if (d > n) != grow {
+                continue;
+            }
             let change = if d > n {
                 let f = &mut self.fleets[i];
                 f.started += 1;
