@@ -27,7 +27,7 @@ use crate::config::{Priority, StageAdmission};
 use crate::route::StageLoad;
 
 /// Longest `retry-after` a refusal names.
-const MAX_RETRY_AFTER_S: u32 = 60;
+pub(super) const MAX_RETRY_AFTER_S: u32 = 60;
 
 /// Why a request was refused; each is a 429 `overloaded` with this reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

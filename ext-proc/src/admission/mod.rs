@@ -346,7 +346,7 @@ impl Admission {
                         Judged::Hold(Ticket {
                             stage: st,
                             waiter: w,
-                            retry_after_s: cfg.retry_after_s,
+                            retry_after_s: cfg.retry_after_s.min(judge::MAX_RETRY_AFTER_S),
                             done: false,
                         })
                     }
@@ -477,18 +477,25 @@ fn fit<'c>(
                 cached_tokens(matches[r], key)
             }
         };
-        // Replicas this conversation failed stay skipped, as in the decision.
+        // Replicas this conversation failed stay skipped, as in the decision
+        // (a bit counts while its slot holds the member that failed).
         let avoid = key
             .conversation()
-            .and_then(|k| snap.failed_keys.avoid(k, snap.topo.generation))
-            .filter(|a| a.fleet == d.fleet)
-            .map_or(0, |a| a.mask);
+            .and_then(|k| snap.failed_keys.avoid(k, snap.topo.layout))
+            .filter(|a| a.fleet == d.fleet);
+        let failed = |r: ReplicaId| {
+            avoid.is_some_and(|a| {
+                a.mask & (1 << r.index()) != 0 && fleet.replicas[r].since <= a.generation
+            })
+        };
         let fallback = d.replicas[1..].iter().map(|&r| on(r, cached(r))).find(fits);
         let better = fallback.or_else(|| {
-            (0..fleet.replicas.len())
-                .map(ReplicaId)
+            // Occupied slots only: a member that left leaves its slot free.
+            fleet
+                .replicas
+                .ids()
                 .filter(|&r| r != head && snap.replicas[d.fleet][r].ready())
-                .filter(|r| avoid & (1 << r.index()) == 0)
+                .filter(|&r| !failed(r))
                 .map(|r| on(r, cached(r)))
                 .filter(fits)
                 .min_by(|a, b| a.1.ttft_ms.total_cmp(&b.1.ttft_ms))

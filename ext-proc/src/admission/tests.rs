@@ -492,3 +492,69 @@ fn any_ready_replica_of_the_fleet_may_take_a_request_its_decision_cannot_place()
     };
     assert_eq!(&d.replicas[..], &[ReplicaId(3), ReplicaId(0), ReplicaId(1)]);
 }
+
+#[test]
+fn the_search_for_another_replica_skips_slots_a_member_left() {
+    use crate::membership::Member;
+    use std::net::SocketAddr;
+    let dns = CONFIG.replace(
+        "endpoints: [\"10.0.0.1:1\", \"10.0.0.2:1\"]",
+        "dns: { name: pool.test, port: 80 }",
+    );
+    let cfg = RouterConfig::parse_valid(&dns).unwrap();
+    let (shared, mut w) = Writer::new(&cfg);
+    let mut now = Instant::now();
+    let addr = |i: u8| SocketAddr::from(([10, 0, 0, i], 80));
+    let members = |w: &mut Writer, ids: &[u8], now: Instant| {
+        w.apply(
+            Event::Membership {
+                fleet: "f".into(),
+                source: cfg.fleets[0].source(),
+                members: ids.iter().map(|&i| Member::by_addr(addr(i))).collect(),
+            },
+            now,
+        );
+        let topo = shared.snapshot().topo.clone();
+        for r in topo.fleets[0].replicas.ids() {
+            for _ in 0..2 {
+                w.apply(
+                    Event::Health {
+                        generation: topo.generation,
+                        fleet: FleetId(0),
+                        replica: r,
+                        ok: true,
+                    },
+                    now,
+                );
+            }
+        }
+        w.drain(now);
+    };
+    members(&mut w, &[1, 2, 3, 4], now);
+    // The second member leaves and is removed: slot 1 is free, slots 0, 2
+    // and 3 hold members.
+    members(&mut w, &[1, 3, 4], now);
+    now += crate::state::TICK * 2;
+    w.tick(now);
+    let snap = shared.snapshot_full();
+    let slots: Vec<ReplicaId> = snap.topo.fleets[0].replicas.ids().collect();
+    assert_eq!(slots, [ReplicaId(0), ReplicaId(2), ReplicaId(3)]);
+    let _guards: Vec<_> = [0, 2]
+        .iter()
+        .map(|&r| {
+            snap.topo.fleets[0].replicas[ReplicaId(r)]
+                .load
+                .start(20_000)
+        })
+        .collect();
+    let key = Lab::key("m", "gold", 744);
+    let mut d = decide(&snap, &key, 0).unwrap();
+    d.replicas = NonEmpty::new(vec![ReplicaId(0), ReplicaId(2)]).unwrap();
+    d.queued_tokens = 20_000;
+    let a = Admission::new(now);
+    let j = a.judge(&shared.metrics, &snap, &headers(None), &key, d, now);
+    let Judged::Admit(d) = j else {
+        panic!("the idle member in slot 3 takes it")
+    };
+    assert_eq!(d.replicas.head(), &ReplicaId(3));
+}
