@@ -49,24 +49,34 @@ struct Lab {
     guards: Vec<RequestGuard>,
 }
 
+/// Fleet 0's `replicas` pass their health checks (two probes each).
+fn healthy(
+    w: &mut Writer,
+    generation: u64,
+    replicas: impl Iterator<Item = ReplicaId>,
+    now: Instant,
+) {
+    for r in replicas {
+        for _ in 0..2 {
+            w.apply(
+                Event::Health {
+                    generation,
+                    fleet: FleetId(0),
+                    replica: r,
+                    ok: true,
+                },
+                now,
+            );
+        }
+    }
+    w.drain(now);
+}
+
 fn lab(yaml: &str) -> Lab {
     let cfg = RouterConfig::parse_valid(yaml).unwrap();
     let (shared, mut w) = Writer::new(&cfg);
     let t0 = Instant::now();
-    for r in 0..2 {
-        for _ in 0..2 {
-            w.apply(
-                Event::Health {
-                    generation: 1,
-                    fleet: FleetId(0),
-                    replica: ReplicaId(r),
-                    ok: true,
-                },
-                t0,
-            );
-        }
-    }
-    w.drain(t0);
+    healthy(&mut w, 1, (0..2).map(ReplicaId), t0);
     Lab {
         shared,
         admission: Admission::new(t0),
@@ -459,20 +469,7 @@ fn any_ready_replica_of_the_fleet_may_take_a_request_its_decision_cannot_place()
     let cfg = RouterConfig::parse_valid(&four).unwrap();
     let (shared, mut w) = Writer::new(&cfg);
     let t0 = Instant::now();
-    for r in 0..4 {
-        for _ in 0..2 {
-            w.apply(
-                Event::Health {
-                    generation: 1,
-                    fleet: FleetId(0),
-                    replica: ReplicaId(r),
-                    ok: true,
-                },
-                t0,
-            );
-        }
-    }
-    w.drain(t0);
+    healthy(&mut w, 1, (0..4).map(ReplicaId), t0);
     let snap = shared.snapshot_full();
     let _guards: Vec<_> = (0..3)
         .map(|r| {
@@ -515,20 +512,7 @@ fn the_search_for_another_replica_skips_slots_a_member_left() {
             now,
         );
         let topo = shared.snapshot().topo.clone();
-        for r in topo.fleets[0].replicas.ids() {
-            for _ in 0..2 {
-                w.apply(
-                    Event::Health {
-                        generation: topo.generation,
-                        fleet: FleetId(0),
-                        replica: r,
-                        ok: true,
-                    },
-                    now,
-                );
-            }
-        }
-        w.drain(now);
+        healthy(w, topo.generation, topo.fleets[0].replicas.ids(), now);
     };
     members(&mut w, &[1, 2, 3, 4], now);
     // The second member leaves and is removed: slot 1 is free, slots 0, 2
