@@ -30,6 +30,11 @@ pub const BLOCK_TOKENS: &str = "x-fleetroute-block-tokens";
 pub const PROMPT_TOKENS: &str = "x-fleetroute-prompt-tokens";
 pub const MAX_TOKENS: &str = "x-fleetroute-max-tokens";
 pub const STREAM: &str = "x-fleetroute-stream";
+/// Full blocks before the first user message (system prompt, tool
+/// definitions): the part of a prompt that every conversation of an
+/// application may share, so holding only those is no sign of a
+/// conversation's home. Absent when there are none.
+pub const OPENING_BLOCKS: &str = "x-fleetroute-opening-blocks";
 /// What the request asks of the router itself rather than of a model: set to
 /// [`ENDPOINT_MODELS`] on `GET /v1/models`, which ext-proc answers.
 pub const ENDPOINT: &str = "x-fleetroute-endpoint";
@@ -70,6 +75,7 @@ pub const REQUEST_HEADERS: &[&str] = &[
     PROMPT_TOKENS,
     MAX_TOKENS,
     STREAM,
+    OPENING_BLOCKS,
     ENDPOINT,
     CLUSTER,
     ROUTE,

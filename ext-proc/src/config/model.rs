@@ -299,6 +299,12 @@ pub struct ReplicaChoiceConfig {
     /// ...plus this many tokens (so an idle fleet is not "overloaded" by one
     /// prompt).
     pub load_slack_tokens: f64,
+    /// New conversations (requests no replica holds beyond their opening
+    /// blocks) skip a replica whose recent requests exceed this multiple of
+    /// the fleet's mean... (0 turns the bound off)
+    pub share_factor: f64,
+    /// ...plus this many requests.
+    pub share_slack: f64,
 }
 
 /// What a fleet must meet to be chosen by the cost policy (and what the

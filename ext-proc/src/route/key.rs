@@ -21,6 +21,10 @@ pub struct RouteKey<'a> {
     pub key_source: Option<KeySource>,
     pub residency: Option<&'a str>,
     pub blocks: Vec<u64>,
+    /// Of `blocks`, how many come before the first user message (the
+    /// filter's `x-fleetroute-opening-blocks`): shared by every conversation
+    /// of an application, so no sign of where one lives.
+    pub opening_blocks: u16,
     pub block_tokens: u32,
     pub prompt_tokens: u32,
     /// The request's `max_tokens`, when it set one (bounds its load lease
@@ -67,6 +71,7 @@ impl<'a> RouteKey<'a> {
                 contract::BLOCK_TOKENS => k.block_tokens = v.parse().unwrap_or(0),
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
                 contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
+                contract::OPENING_BLOCKS => k.opening_blocks = v.parse().unwrap_or(0),
                 contract::TENANT => k.tenant = truncate_id(v),
                 contract::ENDPOINT => k.list_models = v == contract::ENDPOINT_MODELS,
                 _ => {}
@@ -75,6 +80,10 @@ impl<'a> RouteKey<'a> {
         if !contract::decode_blocks(blocks, MAX_BLOCKS, &mut k.blocks) || k.block_tokens == 0 {
             k.blocks.clear();
         }
+        // Never more than the blocks read, whatever the header said.
+        k.opening_blocks = k
+            .opening_blocks
+            .min(u16::try_from(k.blocks.len()).unwrap_or(u16::MAX));
         match key {
             Some(key) => k.key = key,
             None => {
@@ -141,5 +150,40 @@ mod tests {
         let map = header("t".repeat(10_000));
         assert_eq!(RouteKey::from_headers(&map).tenant.len(), MAX_REQUEST_ID);
         assert_eq!(RouteKey::from_headers(&HeaderMap::default()).tenant, "");
+    }
+
+    #[test]
+    fn opening_blocks_never_exceed_the_blocks_read() {
+        let map = |opening: &str, blocks: &[u64]| HeaderMap {
+            headers: [
+                (contract::BLOCKS, contract::encode_blocks(blocks)),
+                (contract::BLOCK_TOKENS, "256".to_string()),
+                (contract::OPENING_BLOCKS, opening.to_string()),
+            ]
+            .into_iter()
+            .map(|(k, v)| HeaderValue {
+                key: k.into(),
+                raw_value: v.into_bytes(),
+                ..Default::default()
+            })
+            .collect(),
+        };
+        let cases: &[(&str, &[u64], u16)] = &[
+            ("2", &[1, 2, 3], 2),
+            ("9", &[1, 2, 3], 3),
+            // Not a block count the filter could write: no opening.
+            ("99999999", &[1], 0),
+            ("-1", &[1, 2], 0),
+            ("x", &[1, 2], 0),
+            ("2", &[], 0),
+        ];
+        for (opening, blocks, want) in cases {
+            let m = map(opening, blocks);
+            assert_eq!(
+                RouteKey::from_headers(&m).opening_blocks,
+                *want,
+                "{opening} over {blocks:?}"
+            );
+        }
     }
 }

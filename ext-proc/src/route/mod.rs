@@ -213,3 +213,5 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
 
 #[cfg(test)]
 mod membership_tests;
+#[cfg(test)]
+mod share_tests;

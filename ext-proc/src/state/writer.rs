@@ -8,7 +8,7 @@
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
@@ -41,7 +41,13 @@ pub struct Writer {
     /// Where this instance's prefix changes go for other instances (none
     /// when it runs alone).
     outbox: Option<mpsc::Sender<PeerUpdate>>,
+    /// When the replicas' recent request counts were last decayed.
+    recent_at: Instant,
 }
+
+/// Half-life of each replica's count of recent requests, which bounds the
+/// share of new conversations it takes (`replica_choice.share_factor`).
+pub const RECENT_HALF_LIFE: Duration = Duration::from_secs(60);
 
 impl Writer {
     /// Takes a validated config: the topology it builds relies on names
@@ -117,6 +123,7 @@ impl Writer {
             failed_keys,
             dirty: false,
             outbox: None,
+            recent_at: now,
         };
         shared.metrics.prime(&writer.topo);
         (shared, writer)
@@ -358,6 +365,7 @@ impl Writer {
     /// autoscaling signals, metrics. Reads the models, not the snapshot.
     pub fn tick(&mut self, now: Instant) {
         self.sweep_leavers(now);
+        self.decay_recent(now);
         let ready: Vec<Vec<ReplicaId>> = self.fleets.iter().map(|fm| fm.ready(now)).collect();
         for (f, fm) in self.fleets.iter_mut().enumerate() {
             let f = FleetId(f);
@@ -382,6 +390,18 @@ impl Writer {
             &self.accounting,
             now,
         );
+    }
+
+    /// Fades every replica's recent request count by the time since the last
+    /// tick: half per [`RECENT_HALF_LIFE`].
+    fn decay_recent(&mut self, now: Instant) {
+        let dt = now.saturating_duration_since(std::mem::replace(&mut self.recent_at, now));
+        let keep = 0.5f64.powf(dt.as_secs_f64() / RECENT_HALF_LIFE.as_secs_f64());
+        for fleet in &self.topo.fleets {
+            for replica in fleet.replicas.values() {
+                replica.load.decay_recent(keep);
+            }
+        }
     }
 
     pub(super) fn publish_if_dirty(&mut self, now: Instant) {

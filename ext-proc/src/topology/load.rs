@@ -13,6 +13,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
+/// Fixed-point scale of [`ReplicaLoad::recent`]: decay keeps fractions of a
+/// request without a float in an atomic.
+const RECENT_UNIT: u64 = 1 << 10;
+
 #[derive(Debug, Default)]
 pub struct ReplicaLoad {
     inflight: AtomicU32,
@@ -21,6 +25,9 @@ pub struct ReplicaLoad {
     pending_prefill: AtomicU64,
     /// Routed requests that have not produced their first byte yet.
     prefilling: AtomicU32,
+    /// Requests this instance routed here lately, in 1/[`RECENT_UNIT`]s: one
+    /// unit per request, decayed by the state writer (see `decay_recent`).
+    recent: AtomicU64,
     /// From the engine's metrics endpoint; 0 until first scraped.
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
@@ -107,6 +114,23 @@ impl ReplicaLoad {
         self.peer_pending_prefill.store(f.pending_prefill, Relaxed);
     }
 
+    /// Requests this instance routed here lately: each counts 1 when routed
+    /// and fades by half every half-life the writer applies.
+    pub fn recent(&self) -> f64 {
+        self.recent.load(Relaxed) as f64 / RECENT_UNIT as f64
+    }
+
+    /// Multiplies the recent count by `keep` (in 0..=1); the state writer's
+    /// tick, so the count is a moving window without a clock on the
+    /// decision path.
+    pub fn decay_recent(&self, keep: f64) {
+        let keep = (keep.clamp(0.0, 1.0) * RECENT_UNIT as f64) as u64;
+        // Requests routed meanwhile are added by the CAS retry, not lost.
+        let _ = self.recent.fetch_update(Relaxed, Relaxed, |v| {
+            Some(((u128::from(v) * u128::from(keep)) / u128::from(RECENT_UNIT)) as u64)
+        });
+    }
+
     pub fn engine_waiting(&self) -> u32 {
         self.engine_waiting.load(Relaxed)
     }
@@ -130,6 +154,7 @@ impl ReplicaLoad {
     /// dropped, however the request ends: completed, reset, or abandoned.
     pub fn start(self: &Arc<Self>, prefill_tokens: u64) -> RequestGuard {
         self.inflight.fetch_add(1, Relaxed);
+        self.recent.fetch_add(RECENT_UNIT, Relaxed);
         self.pending_prefill.fetch_add(prefill_tokens, Relaxed);
         self.prefilling.fetch_add(1, Relaxed);
         RequestGuard {
@@ -201,6 +226,21 @@ mod tests {
         let handle = std::thread::spawn(move || drop(b));
         handle.join().unwrap();
         assert_eq!((load.inflight(), load.pending_prefill()), (0, 0));
+    }
+
+    #[test]
+    fn the_recent_count_adds_one_per_request_and_decays() {
+        let load = Arc::new(ReplicaLoad::default());
+        let guards: Vec<_> = (0..4).map(|_| load.start(0)).collect();
+        assert_eq!(load.recent(), 4.0);
+        drop(guards);
+        assert_eq!(load.recent(), 4.0, "ending a request does not forget it");
+        load.decay_recent(0.5);
+        assert_eq!(load.recent(), 2.0);
+        load.decay_recent(0.25);
+        assert_eq!(load.recent(), 0.5);
+        load.decay_recent(0.0);
+        assert_eq!(load.recent(), 0.0);
     }
 
     #[test]

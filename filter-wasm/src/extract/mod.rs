@@ -20,6 +20,8 @@ pub struct Extraction {
     pub model: Option<String>,
     pub key: Option<(u64, KeySource)>,
     pub blocks: Vec<u64>,
+    /// Of `blocks`, how many end before the first user message.
+    pub opening_blocks: usize,
     pub prompt_tokens: u64,
     pub max_tokens: Option<u64>,
     pub stream: bool,
@@ -32,6 +34,7 @@ impl Extraction {
             model,
             key: None,
             blocks: Vec::new(),
+            opening_blocks: 0,
             prompt_tokens: 0,
             max_tokens: None,
             stream: false,
@@ -56,6 +59,9 @@ impl Extraction {
                 contract::STREAM,
                 if self.stream { "1" } else { "0" }.to_string(),
             ));
+            if self.opening_blocks > 0 {
+                h.push((contract::OPENING_BLOCKS, self.opening_blocks.to_string()));
+            }
             if let Some(m) = self.max_tokens {
                 h.push((contract::MAX_TOKENS, m.to_string()));
             }
@@ -100,11 +106,13 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
         }
     };
     let canonical = canonical(&req);
+    let blocks = prefix::block_hashes(canonical, cfg.block_bytes, cfg.max_blocks);
     Extraction {
         status: ParseStatus::Ok,
         model: req.model.as_deref().and_then(model::model),
         key: key::sampling_key(&req, canonical, cfg.block_bytes),
-        blocks: prefix::block_hashes(canonical, cfg.block_bytes, cfg.max_blocks),
+        opening_blocks: opening_blocks(&req, cfg.block_bytes).min(blocks.len()),
+        blocks,
         prompt_tokens: canonical.len().div_ceil(BYTES_PER_TOKEN) as u64,
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         stream: req.stream.unwrap_or(false),
@@ -120,6 +128,15 @@ pub fn canonical_text(body: &[u8]) -> Option<Vec<u8>> {
     }
     let req: Request<'_> = serde_json::from_slice(body).ok()?;
     Some(canonical(&req).to_vec())
+}
+
+/// Full blocks that end before the first user message starts; none for a
+/// completions prompt or a chat without a user message.
+fn opening_blocks(req: &Request<'_>, block_bytes: usize) -> usize {
+    req.messages
+        .as_ref()
+        .and_then(|m| m.first_user.as_ref())
+        .map_or(0, |user| user.start / block_bytes.max(1))
 }
 
 fn is_object(body: &[u8]) -> bool {
@@ -291,6 +308,9 @@ mod tests {
             &c,
         );
         assert_eq!(t1.key, t2.key);
+        // "system" ROLE_END "be brief and exact" ITEM_END: 26 bytes, one
+        // full 16-byte block before the first user message.
+        assert_eq!((t1.opening_blocks, t2.opening_blocks), (1, 1));
         assert!(!t1.blocks.is_empty());
         assert_eq!(t1.blocks[..], t2.blocks[..t1.blocks.len()]);
         assert!(t2.blocks.len() > t1.blocks.len());
@@ -307,6 +327,7 @@ mod tests {
         assert_eq!(e.max_tokens, Some(7));
         assert!(e.stream);
         assert_eq!(e.prompt_tokens, 9);
+        assert_eq!(e.opening_blocks, 0, "a completions prompt has no opening");
         let parts = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
         assert_eq!(extract(parts, &cfg()).status, ParseStatus::Ok);
     }

@@ -151,6 +151,8 @@ impl Fleetroute {
             key: req.content_key,
             key_source: Some(KeySource::Content),
             blocks: req.blocks.clone(),
+            // The filter counts the system message's full blocks.
+            opening_blocks: req.system_blocks.min(req.blocks.len()) as u16,
             block_tokens: self.block_tokens,
             prompt_tokens: req.input_tokens as u32,
             tenant: &req.tenant,

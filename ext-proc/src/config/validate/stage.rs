@@ -200,6 +200,7 @@ fn replica_choice(rc: &ReplicaChoiceConfig, p: &str, e: &mut Errors) {
         ("engine_queue_tokens", rc.engine_queue_tokens),
         ("tie_tokens", rc.tie_tokens),
         ("load_slack_tokens", rc.load_slack_tokens),
+        ("share_slack", rc.share_slack),
     ] {
         e.non_negative(format!("{p}.{field}"), v);
     }
@@ -207,6 +208,11 @@ fn replica_choice(rc: &ReplicaChoiceConfig, p: &str, e: &mut Errors) {
         rc.load_factor.is_finite() && rc.load_factor >= 1.0,
         format!("{p}.load_factor"),
         "must be a finite number >= 1",
+    );
+    e.ensure(
+        rc.share_factor == 0.0 || (rc.share_factor.is_finite() && rc.share_factor >= 1.0),
+        format!("{p}.share_factor"),
+        "must be 0 (off) or a finite number >= 1",
     );
 }
 

@@ -19,7 +19,8 @@ pub struct ReplicaChoice {
     pub queued_tokens: u64,
     /// Why this replica rather than the key's rendezvous choice: `key` (it
     /// is that choice), `prefix` (it holds more of the prompt), `load_guard`
-    /// (that choice was past the bounded-load guard) or `load` (its queue
-    /// put it outside the tie).
+    /// (that choice was past the bounded-load guard), `share` (a new
+    /// conversation, and that choice had more than its share of recent
+    /// requests) or `load` (its queue put it outside the tie).
     pub pick: &'static str,
 }

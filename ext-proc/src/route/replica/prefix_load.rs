@@ -26,6 +26,15 @@
 //! and ties go to the sampling key's rendezvous order, so a request with no
 //! cached prefix anywhere, on a balanced fleet, lands where its key hashes
 //! and a new conversation keeps a home.
+//!
+//! A new conversation (no replica holds more of it than its opening blocks,
+//! the system prompt and tools every conversation shares) also skips a
+//! replica whose recent requests exceed `share_factor` × the fleet's mean
+//! plus `share_slack`: where a conversation starts decides where all its
+//! turns go, so this is where the fleet's request share is balanced,
+//! without moving any conversation off its cache. Without it, the replicas
+//! that first cached a shared system prompt keep drawing new conversations
+//! while their queues stay short.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -41,6 +50,8 @@ struct Scored {
     cost: f64,
     unit: f64,
     cached: u64,
+    /// Past the new-conversation share bound (and not already overloaded).
+    over_share: bool,
 }
 
 /// A replica with more requests in flight than this many times the fleet's
@@ -93,6 +104,7 @@ pub fn choose(
                 cost: 0.0,
                 unit: r.unit,
                 cached,
+                over_share: false,
             }
         })
         .collect();
@@ -106,6 +118,21 @@ pub fn choose(
     for s in &mut scored {
         s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
         s.cost = cfg.load_weight * s.queued - prefix_weight * s.cached as f64;
+    }
+    let new_conversation =
+        cfg.share_factor > 0.0 && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
+    if new_conversation {
+        let recent: Vec<f64> = scored
+            .iter()
+            .map(|s| fleet.replicas[s.replica].load.recent())
+            .collect();
+        let share_bound = cfg.share_factor * recent.iter().sum::<f64>()
+            / recent.len().max(1) as f64
+            + cfg.share_slack;
+        for (s, recent) in scored.iter_mut().zip(recent) {
+            s.over_share = !s.overloaded && recent > share_bound;
+            s.overloaded |= s.over_share;
+        }
     }
     let best = scored
         .iter()
@@ -138,6 +165,8 @@ pub fn choose(
         (Some(chosen), Some(home)) if chosen.replica != home.replica => {
             if chosen.cached > home.cached {
                 "prefix"
+            } else if home.over_share {
+                "share"
             } else if home.overloaded {
                 "load_guard"
             } else {

@@ -1,0 +1,124 @@
+//! The new-conversation share bound: conversations that all open with one
+//! system prompt spread over the fleet instead of piling onto the replica
+//! that cached it first, and a running conversation is never moved by it.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use fleetroute_filter::contract::KeySource;
+use futures::executor::block_on;
+
+use super::decide;
+use super::key::RouteKey;
+use super::place::place;
+use crate::config::RouterConfig;
+use crate::state::{Event, Shared, Writer};
+use crate::topology::{FleetId, ReplicaId};
+
+const REPLICAS: usize = 4;
+/// The system prompt's blocks, shared by every conversation.
+const OPENING: u16 = 8;
+
+fn rig(replica_choice: &str) -> (Arc<Shared>, Writer) {
+    let eps: Vec<String> = (0..REPLICAS)
+        .map(|r| format!("\"10.0.0.{}:80\"", r + 1))
+        .collect();
+    let yaml = format!(
+        "fleets:\n  - {{ name: pool, region: us, endpoints: [{}], capacity: {{ max_inflight: 32 }} }}\n\
+         stages: [{{ name: s, models: [m], fleets: [pool], replica_choice: {replica_choice} }}]\n",
+        eps.join(", ")
+    );
+    let (shared, mut w) = Writer::new(&RouterConfig::parse_valid(&yaml).unwrap());
+    let now = Instant::now();
+    for r in 0..REPLICAS {
+        for _ in 0..2 {
+            w.apply(
+                Event::Health {
+                    generation: 1,
+                    fleet: FleetId(0),
+                    replica: ReplicaId(r),
+                    ok: true,
+                },
+                now,
+            );
+        }
+    }
+    w.drain(now);
+    (shared, w)
+}
+
+/// Conversation `c`'s prompt at turn `turn`: the shared opening, then its
+/// own first message and one block per earlier turn.
+fn turn(c: u64, turn: u64) -> RouteKey<'static> {
+    let mut blocks: Vec<u64> = (0..u64::from(OPENING)).collect();
+    blocks.extend((0..=turn).map(|t| 1_000_000 + c * 1000 + t));
+    RouteKey {
+        model: Some("m"),
+        key: c.wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        key_source: Some(KeySource::Content),
+        prompt_tokens: blocks.len() as u32 * 256,
+        block_tokens: 256,
+        opening_blocks: OPENING,
+        blocks,
+        ..Default::default()
+    }
+}
+
+/// Places `key`, lets it finish at once, and tells the writer (which learns
+/// the prefix); returns the replica.
+fn route(
+    shared: &Shared,
+    w: &mut Writer,
+    key: RouteKey<'static>,
+    rng: u64,
+) -> (ReplicaId, &'static str) {
+    let p = block_on(place(shared, key, rng)).unwrap();
+    let r = *p.decision.replicas.head();
+    let pick = p.decision.pick;
+    p.guard.release();
+    w.drain(Instant::now());
+    (r, pick)
+}
+
+fn new_conversations(replica_choice: &str) -> [usize; REPLICAS] {
+    let (shared, mut w) = rig(replica_choice);
+    let mut per = [0; REPLICAS];
+    for c in 0..80 {
+        per[route(&shared, &mut w, turn(c, 0), c).0.0] += 1;
+    }
+    per
+}
+
+#[test]
+fn new_conversations_spread_under_the_bound_and_pile_up_without_it() {
+    // Off: every new conversation finds the opening on the first replica
+    // that cached it, with no queue anywhere, and goes there.
+    let off = new_conversations("{ share_factor: 0 }");
+    assert_eq!(off.iter().max(), Some(&80), "{off:?}");
+    // On (the defaults): none above 1.1 × the mean + 2 (+1 for the request
+    // that crosses it).
+    let on = new_conversations("{}");
+    let mean = 80.0 / REPLICAS as f64;
+    for n in on {
+        assert!(n as f64 <= 1.1 * mean + 3.0, "{on:?}");
+        assert!(n > 0, "{on:?}");
+    }
+}
+
+#[test]
+fn a_running_conversation_stays_on_its_cache_past_its_share() {
+    let (shared, mut w) = rig("{}");
+    let (home, _) = route(&shared, &mut w, turn(7, 0), 7);
+    // Its next turns push its replica far past its share of recent requests.
+    for t in 1..30 {
+        let (r, pick) = route(&shared, &mut w, turn(7, t), t);
+        assert_eq!(r, home, "turn {t} left its cache ({pick})");
+    }
+    // A new conversation whose key's choice is that replica is moved, and
+    // says why.
+    let moved = (100..400)
+        .map(|c| decide(&shared.snapshot(), &turn(c, 0), c).unwrap())
+        .find(|d| d.pick == "share")
+        .expect("some new conversation was moved by the share bound");
+    assert_ne!(*moved.replicas.head(), home);
+}
