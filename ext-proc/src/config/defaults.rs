@@ -200,6 +200,7 @@ impl Default for OutlierConfig {
             enabled: true,
             factor: 2.0,
             min_error_rate_gap: 0.1,
+            min_latency_gap_ms: 5.0,
             max_error_rate: 0.5,
             window_s: 30,
             min_samples: 10,

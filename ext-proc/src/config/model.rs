@@ -330,6 +330,10 @@ pub struct OutlierConfig {
     /// Error rates also need to exceed the median by this much (absolute), so
     /// 2% against 0% is not an outlier.
     pub min_error_rate_gap: f64,
+    /// Latencies also need to exceed the median by this many ms (per 1000
+    /// prompt tokens for time to first token, per output token for decode),
+    /// so replicas answering in a few ms are not ejected on scheduling noise.
+    pub min_latency_gap_ms: f64,
     /// A replica whose error rate (errors and streams that ended early) is
     /// at least this is ejected even without three comparable replicas to
     /// compare it with (one- and two-replica fleets).

@@ -158,7 +158,10 @@ pub fn evaluate(
     let err_med = med(&|s| Some(s.error_rate)).unwrap_or(0.0);
     let ttft_med = med(&|s| s.ttft_norm);
     let tok_med = med(&|s| s.per_token);
-    let worse = |v: Option<f64>, m: Option<f64>| matches!((v, m), (Some(v), Some(m)) if m > 0.0 && v > m * cfg.factor);
+    let worse = |v: Option<f64>, m: Option<f64>| {
+        matches!((v, m), (Some(v), Some(m))
+            if m > 0.0 && v > m * cfg.factor && v - m >= cfg.min_latency_gap_ms)
+    };
     let mut outliers: Vec<(usize, f64)> = (0..replicas.len())
         .filter(|&i| live(i))
         .filter_map(|i| {
@@ -218,6 +221,42 @@ mod tests {
                 r
             })
             .collect()
+    }
+
+    #[test]
+    fn a_few_ms_over_a_fast_median_is_noise_not_an_outlier() {
+        let now = Instant::now();
+        // Replicas answering in 2 ms per 1000 tokens (and per output token),
+        // one at 6: three times the median, 4 ms over it.
+        let fleet = || -> Vec<ReplicaOutlier> {
+            (0..4)
+                .map(|i| {
+                    let mut r = ReplicaOutlier::default();
+                    let ms = if i == 2 { 6.0 } else { 2.0 };
+                    for k in 0..20 {
+                        r.record(
+                            now - Duration::from_millis(k),
+                            true,
+                            Some(ms),
+                            1000,
+                            ms * 11.0,
+                            11,
+                        );
+                    }
+                    r
+                })
+                .collect()
+        };
+        let cfg = OutlierConfig::default();
+        assert!(evaluate(&mut fleet(), &[true; 4], &cfg, false, now).is_empty());
+        let no_gap = OutlierConfig {
+            min_latency_gap_ms: 0.0,
+            ..OutlierConfig::default()
+        };
+        assert_eq!(
+            evaluate(&mut fleet(), &[true; 4], &no_gap, false, now).len(),
+            1
+        );
     }
 
     #[test]

@@ -243,6 +243,7 @@ fn outlier(o: &OutlierConfig, p: &str, e: &mut Errors) {
         o.min_error_rate_gap,
         0.0..=1.0,
     );
+    e.non_negative(format!("{p}.min_latency_gap_ms"), o.min_latency_gap_ms);
     e.share(format!("{p}.max_error_rate"), o.max_error_rate);
     e.at_least(format!("{p}.min_samples"), o.min_samples, 1);
     e.at_least(format!("{p}.window_s"), o.window_s, 1);
