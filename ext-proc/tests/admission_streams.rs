@@ -5,26 +5,19 @@
 //! `retry-after`; the tenant's limits apply to what class admission lets
 //! through, also after a hold.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod grpc;
+
+use grpc::{Rig, headers, wait_until};
+
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
-use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    HttpHeaders, ImmediateResponse, ProcessingRequest, ProcessingResponse,
+    ImmediateResponse, ProcessingRequest, ProcessingResponse,
 };
-use fleetroute::config::RouterConfig;
 use fleetroute::state::load::RequestGuard;
-use fleetroute::state::{Event, Shared, Writer};
-use fleetroute::stream::Service;
-use fleetroute::topology::{FleetId, ReplicaId};
+use fleetroute::topology::ReplicaId;
 use fleetroute_filter::contract;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 /// One replica with room for two requests; critical must see its first
 /// token within 800 ms, standard within 3 s.
@@ -49,95 +42,27 @@ stages:
       retry_after_s: 2
 "#;
 
-struct Rig {
-    shared: Arc<Shared>,
-    _writer: Writer,
-    addr: SocketAddr,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
 async fn rig() -> Rig {
     rig_with(CONFIG).await
 }
 
 async fn rig_with(config: &str) -> Rig {
-    let cfg = RouterConfig::parse_valid(config).expect("config");
-    let (shared, mut w) = Writer::new(&cfg);
-    shared.tenants.start_audit(&cfg.audit).expect("audit file");
-    let now = Instant::now();
-    w.apply(
-        Event::Health {
-            generation: 1,
-            fleet: FleetId(0),
-            replica: ReplicaId(0),
-            ok: true,
-        },
-        now,
-    );
-    w.drain(now);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let server = tokio::spawn({
-        let shared = shared.clone();
-        async move {
-            tonic::transport::Server::builder()
-                .add_service(ExternalProcessorServer::new(Service::new(shared)))
-                .serve_with_incoming(incoming)
-                .await
-                .expect("gRPC server");
-        }
-    });
-    Rig {
-        shared,
-        _writer: w,
-        addr,
-        server,
-    }
+    Rig::start(config).await
 }
 
-impl Rig {
+/// What these tests do and read on the rig.
+trait Admissions {
+    fn fill(&self) -> Vec<RequestGuard>;
+    fn verdicts(&self, class: &str, verdict: &str) -> f64;
+    fn depth(&self, class: &str) -> f64;
+}
+
+impl Admissions for Rig {
     /// Fills the replica's slots: every new request must wait for one.
     fn fill(&self) -> Vec<RequestGuard> {
         let snap = self.shared.snapshot();
-        let load = &snap.topo.fleets[0].replicas[fleetroute::topology::ReplicaId(0)].load;
+        let load = &snap.topo.fleets[0].replicas[ReplicaId(0)].load;
         vec![load.start(10), load.start(10)]
-    }
-
-    async fn stream(
-        &self,
-    ) -> (
-        mpsc::Sender<ProcessingRequest>,
-        tonic::Streaming<ProcessingResponse>,
-    ) {
-        let channel = tonic::transport::Channel::from_shared(format!("http://{}", self.addr))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect");
-        let (tx, rx) = mpsc::channel(8);
-        let replies = ExternalProcessorClient::new(channel)
-            .process(ReceiverStream::new(rx))
-            .await
-            .expect("process")
-            .into_inner();
-        (tx, replies)
-    }
-
-    fn metric(&self, name: &str, labels: &str) -> f64 {
-        let text = self.shared.metrics.render();
-        let want = format!("{name}{{{labels}}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(want.as_str()))
-            .map_or(0.0, |v| v.trim().parse().expect("a number"))
     }
 
     fn verdicts(&self, class: &str, verdict: &str) -> f64 {
@@ -165,22 +90,7 @@ fn request(tenant: &str, priority: Option<&str>) -> ProcessingRequest {
     if let Some(p) = priority {
         pairs.push(("x-priority", p));
     }
-    ProcessingRequest {
-        request: Some(Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: pairs
-                    .iter()
-                    .map(|(k, v)| HeaderValue {
-                        key: (*k).into(),
-                        raw_value: v.as_bytes().to_vec(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            }),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
+    headers(&pairs)
 }
 
 async fn next(replies: &mut tonic::Streaming<ProcessingResponse>) -> ProcessingResponse {
@@ -189,14 +99,6 @@ async fn next(replies: &mut tonic::Streaming<ProcessingResponse>) -> ProcessingR
         .expect("a reply in time")
         .expect("a healthy stream")
         .expect("a reply, not the end")
-}
-
-async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 fn immediate(r: &ProcessingResponse) -> &ImmediateResponse {
@@ -237,13 +139,13 @@ fn routed(r: &ProcessingResponse) -> bool {
 #[tokio::test]
 async fn a_held_request_gets_a_longer_timer_then_its_route() {
     let rig = rig().await;
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     // Room: routed at once, no extension.
     tx.send(request("gold", None)).await.expect("send");
     assert!(routed(&next(&mut replies).await));
 
     let full = rig.fill();
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     tx.send(request("gold", None)).await.expect("send");
     // 800 ms less its own prefill ((500 + 256) / 5 ms), plus 500 ms margin.
     let ext = extension(&next(&mut replies).await);
@@ -278,10 +180,10 @@ async fn a_held_request_gets_a_longer_timer_then_its_route() {
 async fn a_stream_that_ends_while_held_leaves_the_queue_at_once() {
     let rig = rig().await;
     let full = rig.fill();
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     tx.send(request("gold", None)).await.expect("send");
     extension(&next(&mut replies).await);
-    let (tx2, mut replies2) = rig.stream().await;
+    let (tx2, mut replies2) = rig.routing().await;
     tx2.send(request("gold", None)).await.expect("send");
     extension(&next(&mut replies2).await);
     wait_until("both held", || rig.depth("critical") == 2.0).await;
@@ -300,7 +202,7 @@ async fn a_stream_that_ends_while_held_leaves_the_queue_at_once() {
 async fn a_held_request_is_refused_when_its_objective_runs_out() {
     let rig = rig().await;
     let _full = rig.fill();
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     let sent = Instant::now();
     tx.send(request("gold", None)).await.expect("send");
     extension(&next(&mut replies).await);
@@ -333,7 +235,7 @@ async fn a_held_request_is_refused_when_its_objective_runs_out() {
 async fn sheddable_requests_are_refused_at_once_on_a_saturated_stage() {
     let rig = rig().await;
     let _full = rig.fill();
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     let sent = Instant::now();
     tx.send(request("batch", None)).await.expect("send");
     let answer = next(&mut replies).await;
@@ -365,13 +267,13 @@ async fn sheddable_requests_are_refused_at_once_on_a_saturated_stage() {
 #[tokio::test]
 async fn what_class_admission_lets_through_meets_its_tenants_limits_also_after_a_hold() {
     let rig = rig().await;
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     // Its one request in flight: the lease holds it (no access log here).
     tx.send(request("capped", None)).await.expect("send");
     assert!(routed(&next(&mut replies).await));
 
     // Admitted by its class, refused by its tenant's limit.
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     tx.send(request("capped", None)).await.expect("send");
     let answer = next(&mut replies).await;
     let i = immediate(&answer);
@@ -381,7 +283,7 @@ async fn what_class_admission_lets_through_meets_its_tenants_limits_also_after_a
 
     // Held first, then released into the same limit.
     let full = rig.fill();
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     tx.send(request("capped", None)).await.expect("send");
     extension(&next(&mut replies).await);
     wait_until("the request to be held", || rig.depth("critical") == 1.0).await;
@@ -404,7 +306,7 @@ async fn a_class_refusal_writes_its_audit_line() {
     ))
     .await;
     let _full = rig.fill();
-    let (tx, mut replies) = rig.stream().await;
+    let (tx, mut replies) = rig.routing().await;
     tx.send(request("batch", None)).await.expect("send");
     let e = error(immediate(&next(&mut replies).await));
     assert_eq!(e["reason"], "saturated");

@@ -3,36 +3,30 @@
 //! test plays Envoy's side, including what a broken Envoy or anyone who can
 //! reach the port could send.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod grpc;
 
-use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use grpc::{Rig, headers, wait_until};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::data::accesslog::v3::{AccessLogCommon, HttpAccessLogEntry};
 use envoy_types::pb::envoy::service::accesslog::v3::StreamAccessLogsMessage;
 use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_client::AccessLogServiceClient;
-use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
 use envoy_types::pb::envoy::service::accesslog::v3::stream_access_logs_message::{
     HttpAccessLogEntries, LogEntries,
 };
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
-use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessorServer;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_response::Response;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use fleetroute::config::RouterConfig;
 use fleetroute::metrics::ResultLabel;
-use fleetroute::observe::access_log::LogService;
-use fleetroute::state::{Event, Shared, Writer};
-use fleetroute::stream::Service;
-use fleetroute::topology::{FleetId, ReplicaId};
 use fleetroute_filter::contract::{self, RouteTag};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::Channel;
 
 const CONFIG: &str = r#"
 fleets:
@@ -45,74 +39,28 @@ stages:
     fleets: [pool]
 "#;
 
-/// fleetroute's gRPC services over a snapshot with every replica ready. The
-/// writer is not run (it would probe the replicas): its events queue.
-struct Rig {
-    shared: Arc<Shared>,
-    _writer: Writer,
-    addr: SocketAddr,
-    server: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Rig {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
-
 async fn rig() -> Rig {
     rig_with(CONFIG).await
 }
 
 async fn rig_with(config: &str) -> Rig {
-    let cfg = RouterConfig::parse_valid(config).expect("config");
-    let (shared, mut w) = Writer::new(&cfg);
-    let now = Instant::now();
-    for replica in 0..2 {
-        w.apply(
-            Event::Health {
-                generation: 1,
-                fleet: FleetId(0),
-                replica: ReplicaId(replica),
-                ok: true,
-            },
-            now,
-        );
-    }
-    w.drain(now);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let incoming = tonic::transport::server::TcpIncoming::from(listener);
-    let server = tokio::spawn({
-        let shared = shared.clone();
-        async move {
-            tonic::transport::Server::builder()
-                .add_service(ExternalProcessorServer::new(Service::new(shared.clone())))
-                .add_service(AccessLogServiceServer::new(LogService::new(shared)))
-                .serve_with_incoming(incoming)
-                .await
-                .expect("gRPC server");
-        }
-    });
-    Rig {
-        shared,
-        _writer: w,
-        addr,
-        server,
-    }
+    Rig::start(config).await
 }
 
-impl Rig {
-    async fn channel(&self) -> Channel {
-        Channel::from_shared(format!("http://{}", self.addr))
-            .expect("uri")
-            .connect()
-            .await
-            .expect("connect")
-    }
+/// What these tests count on the rig.
+trait Counts {
+    fn held(&self) -> u64;
+    fn inflight(&self) -> u32;
+    fn logged(&self, result: &str) -> u64;
+    async fn logs(
+        &self,
+    ) -> (
+        mpsc::Sender<StreamAccessLogsMessage>,
+        tokio::task::JoinHandle<Result<(), tonic::Status>>,
+    );
+}
 
+impl Counts for Rig {
     fn held(&self) -> u64 {
         self.shared.leases.run_pending();
         self.shared.leases.held()
@@ -137,23 +85,6 @@ impl Rig {
             .get()
     }
 
-    /// Opens a routing stream: the sender plays Envoy's filter.
-    async fn routing(
-        &self,
-    ) -> (
-        mpsc::Sender<ProcessingRequest>,
-        tonic::Streaming<ProcessingResponse>,
-    ) {
-        let (tx, rx) = mpsc::channel(8);
-        let mut client = ExternalProcessorClient::new(self.channel().await);
-        let replies = client
-            .process(ReceiverStream::new(rx))
-            .await
-            .expect("process")
-            .into_inner();
-        (tx, replies)
-    }
-
     /// Opens an access log stream; the task ends with the service's answer.
     async fn logs(
         &self,
@@ -173,42 +104,12 @@ impl Rig {
     }
 }
 
-/// Polls `ok` until it holds, failing after a generous deadline.
-async fn wait_until(what: &str, mut ok: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !ok() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
 async fn next(replies: &mut tonic::Streaming<ProcessingResponse>) -> Option<ProcessingResponse> {
     tokio::time::timeout(Duration::from_secs(10), replies.message())
         .await
         .expect("a reply or the stream's end in time")
         .ok()
         .flatten()
-}
-
-fn headers(pairs: &[(&str, &str)]) -> ProcessingRequest {
-    ProcessingRequest {
-        request: Some(Request::RequestHeaders(HttpHeaders {
-            headers: Some(HeaderMap {
-                headers: pairs
-                    .iter()
-                    .map(|(k, v)| HeaderValue {
-                        key: (*k).into(),
-                        raw_value: v.as_bytes().to_vec(),
-                        ..Default::default()
-                    })
-                    .collect(),
-            }),
-            end_of_stream: false,
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
 }
 
 fn inference(id: &str) -> ProcessingRequest {
