@@ -50,12 +50,16 @@ fn rig(replica_choice: &str) -> (Arc<Shared>, Writer) {
 /// Conversation `c`'s prompt at turn `turn`: the shared opening, then its
 /// own first message and one block per earlier turn.
 fn turn(c: u64, turn: u64) -> RouteKey<'static> {
+    keyed(c, turn, KeySource::Content)
+}
+
+fn keyed(c: u64, turn: u64, source: KeySource) -> RouteKey<'static> {
     let mut blocks: Vec<u64> = (0..u64::from(OPENING)).collect();
     blocks.extend((0..=turn).map(|t| 1_000_000 + c * 1000 + t));
     RouteKey {
         model: Some("m"),
         key: c.wrapping_mul(0x9E37_79B9_7F4A_7C15),
-        key_source: Some(KeySource::Content),
+        key_source: Some(source),
         prompt_tokens: blocks.len() as u32 * 256,
         block_tokens: 256,
         opening_blocks: OPENING,
@@ -80,11 +84,11 @@ fn route(
     (r, pick)
 }
 
-fn new_conversations(replica_choice: &str) -> [usize; REPLICAS] {
+fn new_conversations(replica_choice: &str, source: KeySource) -> [usize; REPLICAS] {
     let (shared, mut w) = rig(replica_choice);
     let mut per = [0; REPLICAS];
     for c in 0..80 {
-        per[route(&shared, &mut w, turn(c, 0), c).0.0] += 1;
+        per[route(&shared, &mut w, keyed(c, 0, source), c).0.0] += 1;
     }
     per
 }
@@ -93,16 +97,20 @@ fn new_conversations(replica_choice: &str) -> [usize; REPLICAS] {
 fn new_conversations_spread_under_the_bound_and_pile_up_without_it() {
     // Off: every new conversation finds the opening on the first replica
     // that cached it, with no queue anywhere, and goes there.
-    let off = new_conversations("{ share_factor: 0 }");
+    let off = new_conversations("{ share_factor: 0 }", KeySource::Content);
     assert_eq!(off.iter().max(), Some(&80), "{off:?}");
-    // On (the defaults): none above 1.1 × the mean + 2 (+1 for the request
-    // that crosses it).
-    let on = new_conversations("{}");
+    // On (the defaults), with the client's key: none above 1.1 × the mean
+    // + 2 (+1 for the request that crosses it), the key choosing below it.
     let mean = 80.0 / REPLICAS as f64;
-    for n in on {
-        assert!(n as f64 <= 1.1 * mean + 3.0, "{on:?}");
-        assert!(n > 0, "{on:?}");
+    let user = new_conversations("{}", KeySource::User);
+    for n in user {
+        assert!(n as f64 <= 1.1 * mean + 3.0 && n > 0, "{user:?}");
     }
+    // With a content key, ties go to the fewest recent requests: once the
+    // opening is everywhere, the spread is even.
+    let content = new_conversations("{}", KeySource::Content);
+    let (lo, hi) = (content.iter().min().unwrap(), content.iter().max().unwrap());
+    assert!(hi - lo <= 3, "{content:?}");
 }
 
 #[test]

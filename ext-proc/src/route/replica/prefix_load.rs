@@ -34,13 +34,17 @@
 //! turns go, so this is where the fleet's request share is balanced,
 //! without moving any conversation off its cache. Without it, the replicas
 //! that first cached a shared system prompt keep drawing new conversations
-//! while their queues stay short.
+//! while their queues stay short. Among tied replicas, a new conversation
+//! with a content-derived key goes to the one with the fewest recent
+//! requests (that key names only this prompt, so its rendezvous home means
+//! nothing yet); one with the client's own key keeps its key's order.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
 use crate::route::eligible::{CandidateFleet, cached_tokens};
 use crate::route::key::RouteKey;
 use crate::topology::{Fleet, NonEmpty, ReplicaId};
+use fleetroute_filter::contract::KeySource;
 
 struct Scored {
     replica: ReplicaId,
@@ -52,6 +56,9 @@ struct Scored {
     cached: u64,
     /// Past the new-conversation share bound (and not already overloaded).
     over_share: bool,
+    /// Requests routed here lately; read for new conversations only (0
+    /// otherwise, which leaves ties to the key).
+    recent: f64,
 }
 
 /// A replica with more requests in flight than this many times the fleet's
@@ -105,6 +112,7 @@ pub fn choose(
                 unit: r.unit,
                 cached,
                 over_share: false,
+                recent: 0.0,
             }
         })
         .collect();
@@ -129,9 +137,18 @@ pub fn choose(
         let share_bound = cfg.share_factor * recent.iter().sum::<f64>()
             / recent.len().max(1) as f64
             + cfg.share_slack;
+        // A content key names nothing but this prompt, so its rendezvous
+        // home is no better than any tied replica: ties go to the one with
+        // the fewest recent requests. A client's key (`prompt_cache_key`,
+        // `user`) keeps its home within the bound.
+        let by_recent = !matches!(
+            key.key_source,
+            Some(KeySource::PromptCacheKey | KeySource::User)
+        );
         for (s, recent) in scored.iter_mut().zip(recent) {
             s.over_share = !s.overloaded && recent > share_bound;
             s.overloaded |= s.over_share;
+            s.recent = if by_recent { recent } else { 0.0 };
         }
     }
     let best = scored
@@ -151,7 +168,9 @@ pub fn choose(
             .then(tied(b).cmp(&tied(a)))
             .then_with(|| {
                 if tied(a) && tied(b) {
-                    b.unit.total_cmp(&a.unit)
+                    a.recent
+                        .total_cmp(&b.recent)
+                        .then(b.unit.total_cmp(&a.unit))
                 } else {
                     a.cost.total_cmp(&b.cost)
                 }
@@ -165,7 +184,7 @@ pub fn choose(
         (Some(chosen), Some(home)) if chosen.replica != home.replica => {
             if chosen.cached > home.cached {
                 "prefix"
-            } else if home.over_share {
+            } else if home.over_share || (new_conversation && chosen.recent < home.recent) {
                 "share"
             } else if home.overloaded {
                 "load_guard"
