@@ -202,8 +202,14 @@ async fn a_dns_fleet_follows_its_records_into_the_snapshot_and_the_decisions() {
     // end here), so it stays, leaving, until the grace ends.
     publish(&server, &[a.port(), c.port()]);
     wait_replicas(admin, &[(a, "ready"), (b, "leaving"), (c, "ready")]).await;
+    // These requests carry no key, so ties go to the replica with the fewest
+    // recent requests: the joiner may take all of them.
     let hosts = decisions(grpc, 20).await;
-    assert_eq!(hosts, [a.to_string(), c.to_string()].into(), "{hosts:?}");
+    assert!(hosts.contains(&c.to_string()), "{hosts:?}");
+    assert!(
+        hosts.is_subset(&[a.to_string(), c.to_string()].into()),
+        "{hosts:?}"
+    );
     wait_replicas(admin, &[(a, "ready"), (c, "ready")]).await;
 
     // The source's counters and the fleet's size are exported.
