@@ -35,9 +35,10 @@
 //! without moving any conversation off its cache. Without it, the replicas
 //! that first cached a shared system prompt keep drawing new conversations
 //! while their queues stay short. Among tied replicas, a new conversation
-//! with a content-derived key goes to the one with the fewest recent
-//! requests (that key names only this prompt, so its rendezvous home means
-//! nothing yet); one with the client's own key keeps its key's order.
+//! goes to the one with the fewest recent requests (its content-derived key
+//! names only this prompt, so its rendezvous home means nothing yet).
+//! Requests with the client's own key (`prompt_cache_key`, `user`) are not
+//! placed by share: that key keeps its replica, as promised.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -56,8 +57,7 @@ struct Scored {
     cached: u64,
     /// Past the new-conversation share bound (and not already overloaded).
     over_share: bool,
-    /// Requests routed here lately; read for new conversations only (0
-    /// otherwise, which leaves ties to the key).
+    /// Requests routed here lately (the share bound's measure).
     recent: f64,
 }
 
@@ -112,7 +112,7 @@ pub fn choose(
                 unit: r.unit,
                 cached,
                 over_share: false,
-                recent: 0.0,
+                recent: load.recent(),
             }
         })
         .collect();
@@ -127,28 +127,22 @@ pub fn choose(
         s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
         s.cost = cfg.load_weight * s.queued - prefix_weight * s.cached as f64;
     }
-    let new_conversation =
-        cfg.share_factor > 0.0 && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
+    // A client's key (`prompt_cache_key`, `user`) is a promise of its own
+    // replica, so only requests keyed by their content (or not at all) are
+    // placed by share: such a key names nothing but this prompt.
+    let client_key = matches!(
+        key.key_source,
+        Some(KeySource::PromptCacheKey | KeySource::User)
+    );
+    let new_conversation = cfg.share_factor > 0.0
+        && !client_key
+        && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
     if new_conversation {
-        let recent: Vec<f64> = scored
-            .iter()
-            .map(|s| fleet.replicas[s.replica].load.recent())
-            .collect();
-        let share_bound = cfg.share_factor * recent.iter().sum::<f64>()
-            / recent.len().max(1) as f64
-            + cfg.share_slack;
-        // A content key names nothing but this prompt, so its rendezvous
-        // home is no better than any tied replica: ties go to the one with
-        // the fewest recent requests. A client's key (`prompt_cache_key`,
-        // `user`) keeps its home within the bound.
-        let by_recent = !matches!(
-            key.key_source,
-            Some(KeySource::PromptCacheKey | KeySource::User)
-        );
-        for (s, recent) in scored.iter_mut().zip(recent) {
-            s.over_share = !s.overloaded && recent > share_bound;
+        let mean_recent = scored.iter().map(|s| s.recent).sum::<f64>() / scored.len().max(1) as f64;
+        let share_bound = cfg.share_factor * mean_recent + cfg.share_slack;
+        for s in &mut scored {
+            s.over_share = !s.overloaded && s.recent > share_bound;
             s.overloaded |= s.over_share;
-            s.recent = if by_recent { recent } else { 0.0 };
         }
     }
     let best = scored
@@ -168,9 +162,14 @@ pub fn choose(
             .then(tied(b).cmp(&tied(a)))
             .then_with(|| {
                 if tied(a) && tied(b) {
-                    a.recent
-                        .total_cmp(&b.recent)
-                        .then(b.unit.total_cmp(&a.unit))
+                    // A new conversation's rendezvous home is no better
+                    // than any tied replica: the fewest recent requests win.
+                    let fewer = if new_conversation {
+                        a.recent.total_cmp(&b.recent)
+                    } else {
+                        std::cmp::Ordering::Equal
+                    };
+                    fewer.then(b.unit.total_cmp(&a.unit))
                 } else {
                     a.cost.total_cmp(&b.cost)
                 }
