@@ -20,7 +20,8 @@
 # Environment: REQUESTS (600), RATES ("1 1.5 2 4"), WORKLOADS ("mooncake chat
 # agent"), ROUTERS (all five), KEYS ("content cachekey"), COMPRESS (4),
 # CACHE_TOKENS (500000), SKIP_BUILD=1, BIN_DIR (target/release), BASE_PORT
-# (18000; two runs at once need different ones), OUT (target/bench-routers).
+# (18000; two runs at once need different ones), OUT (target/bench-routers),
+# SHARE_FACTOR (1.1: fleetroute's new-conversation share bound; 0 = off).
 # Results: one JSON line per run in $OUT/results.jsonl and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -133,6 +134,9 @@ stages:
   - name: trace
     models: [trace]
     fleets: [pool]
+    # Conversations here open with shared system prompts: balance where
+    # new ones start (README, Routing).
+    replica_choice: { share_factor: ${SHARE_FACTOR:-1.1} }
 YAML
 }
 

@@ -301,7 +301,7 @@ pub struct ReplicaChoiceConfig {
     pub load_slack_tokens: f64,
     /// New conversations (requests no replica holds beyond their opening
     /// blocks) skip a replica whose recent requests exceed this multiple of
-    /// the fleet's mean... (0 turns the bound off)
+    /// the fleet's mean... (0, the default, turns the bound off)
     pub share_factor: f64,
     /// ...plus this many requests.
     pub share_slack: f64,

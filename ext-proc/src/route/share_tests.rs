@@ -95,24 +95,24 @@ fn new_conversations(replica_choice: &str, source: KeySource) -> [usize; REPLICA
 
 #[test]
 fn new_conversations_spread_under_the_bound_and_pile_up_without_it() {
-    // Off: every new conversation finds the opening on the first replica
+    // Off (the default): every new conversation finds the opening on the first replica
     // that cached it, with no queue anywhere, and goes there.
-    let off = new_conversations("{ share_factor: 0 }", KeySource::Content);
+    let off = new_conversations("{}", KeySource::Content);
     assert_eq!(off.iter().max(), Some(&80), "{off:?}");
-    // On (the defaults): ties go to the fewest recent requests, and no
+    // On (1.1, slack 2): ties go to the fewest recent requests, and no
     // replica passes 1.1 × the mean + 2; once the opening is everywhere the
     // spread is even.
-    let content = new_conversations("{}", KeySource::Content);
+    let content = new_conversations("{ share_factor: 1.1 }", KeySource::Content);
     let (lo, hi) = (content.iter().min().unwrap(), content.iter().max().unwrap());
     assert!(hi - lo <= 3, "{content:?}");
     // The client's own key is not placed by share: it keeps its replica.
-    let user = new_conversations("{}", KeySource::User);
+    let user = new_conversations("{ share_factor: 1.1 }", KeySource::User);
     assert_eq!(user, off, "a user key is placed as without the bound");
 }
 
 #[test]
 fn a_running_conversation_stays_on_its_cache_past_its_share() {
-    let (shared, mut w) = rig("{}");
+    let (shared, mut w) = rig("{ share_factor: 1.1 }");
     let (home, _) = route(&shared, &mut w, turn(7, 0), 7);
     // Its next turns push its replica far past its share of recent requests.
     for t in 1..30 {
