@@ -50,33 +50,11 @@ struct Lab {
 }
 
 /// Fleet 0's `replicas` pass their health checks (two probes each).
-fn healthy(
-    w: &mut Writer,
-    generation: u64,
-    replicas: impl Iterator<Item = ReplicaId>,
-    now: Instant,
-) {
-    for r in replicas {
-        for _ in 0..2 {
-            w.apply(
-                Event::Health {
-                    generation,
-                    fleet: FleetId(0),
-                    replica: r,
-                    ok: true,
-                },
-                now,
-            );
-        }
-    }
-    w.drain(now);
-}
-
 fn lab(yaml: &str) -> Lab {
     let cfg = RouterConfig::parse_valid(yaml).unwrap();
     let (shared, mut w) = Writer::new(&cfg);
     let t0 = Instant::now();
-    healthy(&mut w, 1, (0..2).map(ReplicaId), t0);
+    w.healthy(FleetId(0), (0..2).map(ReplicaId), t0);
     Lab {
         shared,
         admission: Admission::new(t0),
@@ -469,7 +447,7 @@ fn any_ready_replica_of_the_fleet_may_take_a_request_its_decision_cannot_place()
     let cfg = RouterConfig::parse_valid(&four).unwrap();
     let (shared, mut w) = Writer::new(&cfg);
     let t0 = Instant::now();
-    healthy(&mut w, 1, (0..4).map(ReplicaId), t0);
+    w.healthy(FleetId(0), (0..4).map(ReplicaId), t0);
     let snap = shared.snapshot_full();
     let _guards: Vec<_> = (0..3)
         .map(|r| {
@@ -512,7 +490,7 @@ fn the_search_for_another_replica_skips_slots_a_member_left() {
             now,
         );
         let topo = shared.snapshot().topo.clone();
-        healthy(w, topo.generation, topo.fleets[0].replicas.ids(), now);
+        w.healthy(FleetId(0), topo.fleets[0].replicas.ids(), now);
     };
     members(&mut w, &[1, 2, 3, 4], now);
     // The second member leaves and is removed: slot 1 is free, slots 0, 2

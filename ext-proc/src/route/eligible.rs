@@ -165,20 +165,7 @@ mod tests {
         .unwrap();
         let (shared, mut w) = Writer::new(&cfg);
         let now = Instant::now();
-        for r in 0..3 {
-            for _ in 0..2 {
-                w.apply(
-                    Event::Health {
-                        generation: 1,
-                        fleet: FleetId(0),
-                        replica: ReplicaId(r),
-                        ok: true,
-                    },
-                    now,
-                );
-            }
-        }
-        w.drain(now);
+        w.healthy(FleetId(0), (0..3).map(ReplicaId), now);
         let key = |k, source| RouteKey {
             model: Some("m"),
             key: k,

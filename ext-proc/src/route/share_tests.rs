@@ -12,7 +12,7 @@ use super::decide;
 use super::key::RouteKey;
 use super::place::place;
 use crate::config::RouterConfig;
-use crate::state::{Event, Shared, Writer};
+use crate::state::{Shared, Writer};
 use crate::topology::{FleetId, ReplicaId};
 
 const REPLICAS: usize = 4;
@@ -29,21 +29,7 @@ fn rig(replica_choice: &str) -> (Arc<Shared>, Writer) {
         eps.join(", ")
     );
     let (shared, mut w) = Writer::new(&RouterConfig::parse_valid(&yaml).unwrap());
-    let now = Instant::now();
-    for r in 0..REPLICAS {
-        for _ in 0..2 {
-            w.apply(
-                Event::Health {
-                    generation: 1,
-                    fleet: FleetId(0),
-                    replica: ReplicaId(r),
-                    ok: true,
-                },
-                now,
-            );
-        }
-    }
-    w.drain(now);
+    w.healthy(FleetId(0), (0..REPLICAS).map(ReplicaId), Instant::now());
     (shared, w)
 }
 

@@ -472,6 +472,35 @@ fn failover(topo: &Topology, ready: &[Vec<ReplicaId>], f: FleetId) -> bool {
 }
 
 #[cfg(test)]
+impl Writer {
+    /// Test setup: `replicas` of `fleet` pass their health checks (twice,
+    /// the default threshold) in the current topology, then the writer
+    /// publishes.
+    pub fn healthy(
+        &mut self,
+        fleet: FleetId,
+        replicas: impl IntoIterator<Item = ReplicaId>,
+        now: Instant,
+    ) {
+        let generation = self.topo.generation;
+        for replica in replicas {
+            for _ in 0..2 {
+                self.apply(
+                    Event::Health {
+                        generation,
+                        fleet,
+                        replica,
+                        ok: true,
+                    },
+                    now,
+                );
+            }
+        }
+        self.drain(now);
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use std::time::Duration;
 

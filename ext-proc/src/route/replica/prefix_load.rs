@@ -27,8 +27,9 @@
 //! cached prefix anywhere, on a balanced fleet, lands where its key hashes
 //! and a new conversation keeps a home.
 //!
-//! A new conversation (no replica holds more of it than its opening blocks,
-//! the system prompt and tools every conversation shares) also skips a
+//! With `share_factor` set (it is 0, off, by default), a new conversation
+//! (no replica holds more of it than its opening blocks, the system prompt
+//! and tools every conversation shares) also skips a
 //! replica whose recent requests exceed `share_factor` × the fleet's mean
 //! plus `share_slack`: where a conversation starts decides where all its
 //! turns go, so this is where the fleet's request share is balanced,
