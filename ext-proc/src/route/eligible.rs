@@ -87,16 +87,18 @@ pub fn candidates(
         } else {
             snap.fleets[f].prefix.matches(&key.blocks, &mut matches)
         };
-        let mut ready: Vec<ReadyReplica> = fleet
-            .replicas
-            .iter()
-            .filter(|&(r, _)| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
-            .map(|(r, rep)| ReadyReplica {
-                replica: r,
-                unit: unit(key.key, rep.seed),
-                matched: if depth == 0 { 0 } else { matches[r] },
-            })
-            .collect();
+        let mut ready = Vec::with_capacity(fleet.replicas.len());
+        ready.extend(
+            fleet
+                .replicas
+                .iter()
+                .filter(|&(r, _)| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
+                .map(|(r, rep)| ReadyReplica {
+                    replica: r,
+                    unit: unit(key.key, rep.seed),
+                    matched: if depth == 0 { 0 } else { matches[r] },
+                }),
+        );
         if let Some(a) = avoid.filter(|a| a.fleet == f) {
             // A bit counts while its slot holds the member that failed.
             let failed = |r: &ReadyReplica| {

@@ -45,8 +45,10 @@ use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
 use crate::route::eligible::{CandidateFleet, cached_tokens};
 use crate::route::key::RouteKey;
+use crate::state::prefix_index::Matches;
 use crate::topology::{Fleet, NonEmpty, ReplicaId};
 use fleetroute_filter::contract::KeySource;
+use smallvec::SmallVec;
 
 struct Scored {
     replica: ReplicaId,
@@ -54,6 +56,8 @@ struct Scored {
     inflight: f64,
     queued: f64,
     cost: f64,
+    /// Within `tie_tokens` of the best cost.
+    tied: bool,
     unit: f64,
     cached: u64,
     /// Past the new-conversation share bound (and not already overloaded).
@@ -96,27 +100,26 @@ pub fn choose(
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
 ) -> ReplicaChoice {
-    let mut scored: Vec<Scored> = cand
-        .ready
-        .iter()
-        .map(|r| {
-            let load = &fleet.replicas[r.replica].load;
-            let queued = load.pending_prefill() as f64
-                + f64::from(load.engine_waiting()) * cfg.engine_queue_tokens;
-            let cached = cached_tokens(r.matched, key);
-            Scored {
-                replica: r.replica,
-                overloaded: load.inflight() >= fleet.capacity.max_inflight,
-                inflight: f64::from(load.inflight()),
-                queued,
-                cost: 0.0,
-                unit: r.unit,
-                cached,
-                over_share: false,
-                recent: load.recent(),
-            }
-        })
-        .collect();
+    // On the stack: a fleet has at most `Matches::SLOTS` replicas.
+    let mut scored: SmallVec<[Scored; Matches::SLOTS]> = SmallVec::new();
+    scored.extend(cand.ready.iter().map(|r| {
+        let load = &fleet.replicas[r.replica].load;
+        let queued = load.pending_prefill() as f64
+            + f64::from(load.engine_waiting()) * cfg.engine_queue_tokens;
+        let cached = cached_tokens(r.matched, key);
+        Scored {
+            replica: r.replica,
+            overloaded: load.inflight() >= fleet.capacity.max_inflight,
+            inflight: f64::from(load.inflight()),
+            queued,
+            cost: 0.0,
+            tied: false,
+            unit: r.unit,
+            cached,
+            over_share: false,
+            recent: load.recent(),
+        }
+    }));
     let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
     let bound = cfg.load_factor * mean + cfg.load_slack_tokens;
     let mean_inflight = scored.iter().map(|s| s.inflight).sum::<f64>() / scored.len().max(1) as f64;
@@ -156,13 +159,16 @@ pub fn choose(
     } else {
         scored.iter().map(|s| s.cost).fold(f64::INFINITY, f64::min)
     };
-    let tied = |s: &Scored| s.cost <= best + cfg.tie_tokens;
-    scored.sort_unstable_by(|a, b| {
+    for s in &mut scored {
+        s.tied = s.cost <= best + cfg.tie_tokens;
+    }
+    let rank = |a: &Scored, b: &Scored| {
         a.overloaded
             .cmp(&b.overloaded)
-            .then(tied(b).cmp(&tied(a)))
+            .then(b.tied.cmp(&a.tied))
             .then_with(|| {
-                if tied(a) && tied(b) {
+                // Both tied or neither, by the line above.
+                if a.tied {
                     // A new conversation's rendezvous home is no better
                     // than any tied replica: the fewest recent requests win.
                     let fewer = if new_conversation {
@@ -176,7 +182,13 @@ pub fn choose(
                 }
             })
             .then(b.unit.total_cmp(&a.unit))
-    });
+    };
+    // Only the chosen replica and its fallbacks need an order.
+    let head = FALLBACKS.min(scored.len() - 1);
+    if scored.len() > head + 1 {
+        scored.select_nth_unstable_by(head, rank);
+    }
+    scored[..=head].sort_unstable_by(rank);
     let pick = match (
         scored.first(),
         scored.iter().max_by(|a, b| a.unit.total_cmp(&b.unit)),
