@@ -127,6 +127,18 @@ fn desired(lab: &Lab) -> [Option<usize>; 2] {
 
 /// fleetroute's members (leaving ones included) per fleet.
 fn router_members(lab: &Lab) -> Option<BTreeMap<String, BTreeSet<String>>> {
+    members_where(lab, |_| true)
+}
+
+/// The members fleetroute lists that passed their health checks.
+fn ready_members(lab: &Lab) -> Option<BTreeMap<String, BTreeSet<String>>> {
+    members_where(lab, |r| r["ready"] == true)
+}
+
+fn members_where(
+    lab: &Lab,
+    keep: impl Fn(&serde_json::Value) -> bool,
+) -> Option<BTreeMap<String, BTreeSet<String>>> {
     let (_, body) = blocking_get(&format!("{}/debug/snapshot", lab.admin))?;
     let v: serde_json::Value = serde_json::from_str(&body).ok()?;
     let mut out = BTreeMap::new();
@@ -134,6 +146,7 @@ fn router_members(lab: &Lab) -> Option<BTreeMap<String, BTreeSet<String>>> {
         let addrs = f["replicas"]
             .as_array()?
             .iter()
+            .filter(|r| keep(r))
             .filter_map(|r| r["addr"].as_str().map(str::to_string))
             .collect();
         out.insert(f["name"].as_str()?.to_string(), addrs);
@@ -268,11 +281,13 @@ fn a_keda_like_driver_grows_base_then_burst_and_shrinks_burst_then_base() {
             ..Default::default()
         },
     );
+    // Ready, not only listed: the scenario counts failures while the fleets
+    // change, not while the first health checks are still running.
     wait_until(
-        "fleetroute to list both first members",
+        "fleetroute to have both first members ready",
         Duration::from_secs(30),
         || {
-            router_members(&lab).is_some_and(|m| {
+            ready_members(&lab).is_some_and(|m| {
                 m.get("base")
                     .is_some_and(|s| s.contains(&lab.replicas["b1"]))
                     && m.get("burst")
