@@ -177,7 +177,7 @@ impl Default for ReplicaChoiceConfig {
             tie_tokens: 1024.0,
             load_factor: 3.0,
             load_slack_tokens: 32768.0,
-            share_factor: 0.0,
+            share_factor: 1.1,
             share_slack: 2.0,
         }
     }

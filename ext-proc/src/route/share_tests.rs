@@ -81,24 +81,24 @@ fn new_conversations(replica_choice: &str, source: KeySource) -> [usize; REPLICA
 
 #[test]
 fn new_conversations_spread_under_the_bound_and_pile_up_without_it() {
-    // Off (the default): every new conversation finds the opening on the first replica
+    // Off: every new conversation finds the opening on the first replica
     // that cached it, with no queue anywhere, and goes there.
-    let off = new_conversations("{}", KeySource::Content);
+    let off = new_conversations("{ share_factor: 0 }", KeySource::Content);
     assert_eq!(off.iter().max(), Some(&80), "{off:?}");
-    // On (1.1, slack 2): ties go to the fewest recent requests, and no
-    // replica passes 1.1 × the mean + 2; once the opening is everywhere the
-    // spread is even.
-    let content = new_conversations("{ share_factor: 1.1 }", KeySource::Content);
+    // On (the default, 1.1 with slack 2): ties go to the fewest recent
+    // requests, and no replica passes 1.1 × the mean + 2; once the opening
+    // is everywhere the spread is even.
+    let content = new_conversations("{}", KeySource::Content);
     let (lo, hi) = (content.iter().min().unwrap(), content.iter().max().unwrap());
     assert!(hi - lo <= 3, "{content:?}");
     // The client's own key is not placed by share: it keeps its replica.
-    let user = new_conversations("{ share_factor: 1.1 }", KeySource::User);
+    let user = new_conversations("{}", KeySource::User);
     assert_eq!(user, off, "a user key is placed as without the bound");
 }
 
 #[test]
 fn a_running_conversation_stays_on_its_cache_past_its_share() {
-    let (shared, mut w) = rig("{ share_factor: 1.1 }");
+    let (shared, mut w) = rig("{}");
     let (home, _) = route(&shared, &mut w, turn(7, 0), 7);
     // Its next turns push its replica far past its share of recent requests.
     for t in 1..30 {
@@ -112,4 +112,52 @@ fn a_running_conversation_stays_on_its_cache_past_its_share() {
         .find(|d| d.pick == "share")
         .expect("some new conversation was moved by the share bound");
     assert_ne!(*moved.replicas.head(), home);
+}
+
+/// A first turn with no full block past the opening: the blocks the router
+/// would see are the opening's alone.
+fn short(c: u64) -> RouteKey<'static> {
+    let mut k = turn(c, 0);
+    k.blocks.truncate(usize::from(OPENING));
+    k
+}
+
+#[test]
+fn a_prompt_with_nothing_past_its_opening_stays_on_its_key() {
+    // Such a prompt leaves nothing for its next turn to find, so where the
+    // key sends it is where its turns go: the bound places it as if off.
+    let placed = |replica_choice: &str| {
+        let (shared, mut w) = rig(replica_choice);
+        (0..80)
+            .map(|c| route(&shared, &mut w, short(c), c))
+            .collect::<Vec<_>>()
+    };
+    let on = placed("{}");
+    assert_eq!(on, placed("{ share_factor: 0 }"));
+    assert!(on.iter().all(|&(_, pick)| pick != "share"), "{on:?}");
+}
+
+#[test]
+fn a_conversation_the_bound_placed_follows_its_short_cache_next_turn() {
+    let (shared, mut w) = rig("{}");
+    // Enough conversations for the bound to move some off their key's home.
+    for c in 0..40 {
+        route(&shared, &mut w, turn(c, 0), c);
+    }
+    let mut moved = 0;
+    for c in 100..200 {
+        let (r, pick) = route(&shared, &mut w, turn(c, 0), c);
+        if pick != "share" {
+            continue;
+        }
+        moved += 1;
+        // One block of its own is within `tie_tokens` of any replica that
+        // holds the opening: the tie goes to its cache, not to its key.
+        let (next, why) = route(&shared, &mut w, turn(c, 1), c);
+        assert_eq!(
+            next, r,
+            "conversation {c}'s second turn left its cache ({why})"
+        );
+    }
+    assert!(moved > 0, "the bound moved no conversation");
 }

@@ -23,13 +23,17 @@
 //! `load_slack_tokens`, whose requests in flight exceed 1.25 × the fleet's
 //! mean plus an eighth of `max_inflight` (at least 2), or that is at its `max_inflight`, is used only when every
 //! replica is. Replicas within `tie_tokens` of the best cost are tied,
-//! and ties go to the sampling key's rendezvous order, so a request with no
-//! cached prefix anywhere, on a balanced fleet, lands where its key hashes
-//! and a new conversation keeps a home.
+//! and ties go to the replica holding most of the conversation's own blocks
+//! (past its opening), then to the sampling key's rendezvous order, so a
+//! request with no cached prefix anywhere, on a balanced fleet, lands where
+//! its key hashes and a new conversation keeps a home, and a conversation
+//! placed elsewhere keeps to its cache even while that is too short to win
+//! on cost.
 //!
-//! With `share_factor` set (it is 0, off, by default), a new conversation
-//! (no replica holds more of it than its opening blocks, the system prompt
-//! and tools every conversation shares) also skips a
+//! With `share_factor` set (1.1 by default; 0 turns it off), a new
+//! conversation (no replica holds more of it than its opening blocks, the
+//! system prompt and tools every conversation shares, and it has at least
+//! one full block past them, which its next turn will find) also skips a
 //! replica whose recent requests exceed `share_factor` × the fleet's mean
 //! plus `share_slack`: where a conversation starts decides where all its
 //! turns go, so this is where the fleet's request share is balanced,
@@ -60,6 +64,8 @@ struct Scored {
     tied: bool,
     unit: f64,
     cached: u64,
+    /// Blocks it holds past the request's opening: the conversation's own.
+    own: u16,
     /// Past the new-conversation share bound (and not already overloaded).
     over_share: bool,
     /// Requests routed here lately (the share bound's measure).
@@ -116,6 +122,7 @@ pub fn choose(
             tied: false,
             unit: r.unit,
             cached,
+            own: r.matched.saturating_sub(key.opening_blocks),
             over_share: false,
             recent: load.recent(),
         }
@@ -138,8 +145,12 @@ pub fn choose(
         key.key_source,
         Some(KeySource::PromptCacheKey | KeySource::User)
     );
+    // A prompt with no full block past its opening leaves nothing on its
+    // replica for its next turn to find, so that turn would go to the key's
+    // home: it is left there too, and its turns stay together.
     let new_conversation = cfg.share_factor > 0.0
         && !client_key
+        && key.blocks.len() > usize::from(key.opening_blocks)
         && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
     if new_conversation {
         let mean_recent = scored.iter().map(|s| s.recent).sum::<f64>() / scored.len().max(1) as f64;
@@ -169,6 +180,11 @@ pub fn choose(
             .then_with(|| {
                 // Both tied or neither, by the line above.
                 if a.tied {
+                    // The conversation's own cache first: a turn whose
+                    // prefix is too short to win on cost still follows it
+                    // rather than its key (the share bound or the load
+                    // guard may have placed it off its key's home).
+                    let own = b.own.cmp(&a.own);
                     // A new conversation's rendezvous home is no better
                     // than any tied replica: the fewest recent requests win.
                     let fewer = if new_conversation {
@@ -176,7 +192,7 @@ pub fn choose(
                     } else {
                         std::cmp::Ordering::Equal
                     };
-                    fewer.then(b.unit.total_cmp(&a.unit))
+                    own.then(fewer).then(b.unit.total_cmp(&a.unit))
                 } else {
                     a.cost.total_cmp(&b.cost)
                 }
