@@ -144,9 +144,25 @@ fn access_log_run(peers_redis: bool) -> (f64, u64, f64, usize, usize) {
     (foreign, held, drained, sent, stayed)
 }
 
+/// `access_log_run`, again (at most three runs) while no entry reached the
+/// instance that did not decide it: which instance Envoy's access log
+/// streams go to is Envoy's choice, and it sometimes sends every entry of a
+/// run to one, which leaves nothing to test.
+fn access_log_run_mixed(forward: bool) -> (f64, u64, f64, usize, usize) {
+    let mut run = access_log_run(forward);
+    for _ in 1..3 {
+        if run.0 > 0.0 {
+            break;
+        }
+        println!("no entry reached the other instance; running again");
+        run = access_log_run(forward);
+    }
+    run
+}
+
 #[test]
 fn the_deciding_instance_learns_every_end() {
-    let (foreign, held, drained, sent, stayed) = access_log_run(false);
+    let (foreign, held, drained, sent, stayed) = access_log_run_mixed(false);
     println!(
         "alone: {sent} requests, {foreign} entries reached the other instance; {held} leases still held once every entry had arrived, all ended after {drained:.1} s; {stayed} turns stayed on their first replica"
     );
@@ -156,7 +172,7 @@ fn the_deciding_instance_learns_every_end() {
     assert!(foreign > 0.0, "no entry reached the other instance");
     assert!(held > 0, "no lease outlived its request without forwarding");
 
-    let (foreign, held, drained, sent, stayed) = access_log_run(true);
+    let (foreign, held, drained, sent, stayed) = access_log_run_mixed(true);
     println!(
         "forwarded: {sent} requests, {foreign} entries reached the other instance; {held} leases still held once every entry had arrived, all ended after {drained:.1} s; {stayed} turns stayed on their first replica"
     );
