@@ -59,6 +59,8 @@ impl PrefixIndex {
     /// match ends where its bit last appears, and bisection finds it in about
     /// log2(blocks) lookups per distinct match length instead of one lookup
     /// per block: a long conversation costs a dozen lookups, not hundreds.
+    /// Blocks that are not a chain (never the filter's) can only be
+    /// mispredicted, and never cost more than one lookup per block.
     pub fn matches(&self, blocks: &[u64], out: &mut Matches) -> u16 {
         out.0 = [0; Matches::SLOTS];
         let Some(last) = blocks.len().checked_sub(1) else {
