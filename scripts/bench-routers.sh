@@ -214,6 +214,11 @@ for w in $WORKLOADS; do
           --control "http://127.0.0.1:$ctl" --requests "$REQUESTS" --rate "$rate" \
           --compress "$COMPRESS" --label "$w ${rate}x $k $r" "${flag[@]}" | tee -a "$results" >&2 \
           || echo "run $w ${rate}x $k $r failed or timed out" >&2
+        # fleetroute's newest decisions (what picked each replica), for diagnosis.
+        if [ "$r" = fleetroute ]; then
+          curl -fs "http://127.0.0.1:$fr_admin/debug/decisions?limit=4096" \
+            > "$out/decisions-$w-${rate}x-$k.json" || true
+        fi
         stop_all
         for p in $router_port $ctl "${eps[@]##*:}"; do wait_closed "$p"; done
       done

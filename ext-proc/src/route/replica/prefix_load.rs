@@ -41,9 +41,12 @@
 //! that first cached a shared system prompt keep drawing new conversations
 //! while their queues stay short. Among tied replicas, a new conversation
 //! goes to the one with the fewest recent requests (its content-derived key
-//! names only this prompt, so its rendezvous home means nothing yet).
-//! Requests with the client's own key (`prompt_cache_key`, `user`) are not
-//! placed by share: that key keeps its replica, as promised.
+//! names only this prompt, so its rendezvous home means nothing yet), and a
+//! replica well under its share is scored as if it held the opening (it
+//! pays for that once, not per conversation). A prompt with nothing past its
+//! opening keeps its key's home but no other replica past its share takes
+//! it. Requests with the client's own key (`prompt_cache_key`, `user`) are
+//! not placed by share: that key keeps its replica, as promised.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -134,10 +137,6 @@ pub fn choose(
         (f64::from(fleet.capacity.max_inflight) * INFLIGHT_SLACK_SHARE).max(INFLIGHT_SLACK_MIN);
     let inflight_bound = INFLIGHT_FACTOR * mean_inflight + slack;
     let prefix_weight = load_adapted_prefix_weight(cfg.prefix_weight, mean, key.prompt_tokens);
-    for s in &mut scored {
-        s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
-        s.cost = cfg.load_weight * s.queued - prefix_weight * s.cached as f64;
-    }
     // A client's key (`prompt_cache_key`, `user`) is a promise of its own
     // replica, so only requests keyed by their content (or not at all) are
     // placed by share: such a key names nothing but this prompt.
@@ -145,18 +144,50 @@ pub fn choose(
         key.key_source,
         Some(KeySource::PromptCacheKey | KeySource::User)
     );
-    // A prompt with no full block past its opening leaves nothing on its
-    // replica for its next turn to find, so that turn would go to the key's
-    // home: it is left there too, and its turns stay together.
-    let new_conversation = cfg.share_factor > 0.0
+    let placed_by_share = cfg.share_factor > 0.0
         && !client_key
-        && key.blocks.len() > usize::from(key.opening_blocks)
         && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
-    if new_conversation {
-        let mean_recent = scored.iter().map(|s| s.recent).sum::<f64>() / scored.len().max(1) as f64;
+    // A prompt with no full block past its opening leaves nothing on its
+    // replica for its next turn to find: its key's home keeps it (so a short
+    // conversation's turns stay together), but no other replica past its
+    // share takes it. Without that, short prompts chase the replica with
+    // the shortest queue, which is short because it serves short prompts.
+    let short = key.blocks.len() <= usize::from(key.opening_blocks);
+    let new_conversation = placed_by_share && !short;
+    let mean_recent = scored.iter().map(|s| s.recent).sum::<f64>() / scored.len().max(1) as f64;
+    // What a new conversation finds is its opening, which every
+    // conversation repeats: a replica pays for it once, not once per
+    // conversation. A replica well under its share (recent requests below
+    // the mean / `share_factor` − `share_slack`) is scored as if it held the
+    // opening, so one that missed the first conversations is not kept out
+    // of every later one while the fleet's queues stay short; the others
+    // keep the opening's weight, which matters when there are several.
+    let (opening_cached, under_share) = if new_conversation {
+        (
+            scored.iter().map(|s| s.cached).max().unwrap_or(0),
+            mean_recent / cfg.share_factor - cfg.share_slack,
+        )
+    } else {
+        (0, f64::NEG_INFINITY)
+    };
+    for s in &mut scored {
+        s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
+        let cached = if s.recent < under_share {
+            s.cached.max(opening_cached)
+        } else {
+            s.cached
+        };
+        s.cost = cfg.load_weight * s.queued - prefix_weight * cached as f64;
+    }
+    if placed_by_share {
         let share_bound = cfg.share_factor * mean_recent + cfg.share_slack;
+        let home = scored
+            .iter()
+            .max_by(|a, b| a.unit.total_cmp(&b.unit))
+            .map(|s| s.replica);
         for s in &mut scored {
-            s.over_share = !s.overloaded && s.recent > share_bound;
+            let exempt = short && Some(s.replica) == home;
+            s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
             s.overloaded |= s.over_share;
         }
     }
@@ -212,7 +243,10 @@ pub fn choose(
         (Some(chosen), Some(home)) if chosen.replica != home.replica => {
             if chosen.cached > home.cached {
                 "prefix"
-            } else if home.over_share || (new_conversation && chosen.recent < home.recent) {
+            } else if home.over_share
+                || (new_conversation && chosen.recent < home.recent)
+                || scored.iter().any(|s| s.over_share && s.cost < chosen.cost)
+            {
                 "share"
             } else if home.overloaded {
                 "load_guard"
