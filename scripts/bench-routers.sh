@@ -12,7 +12,6 @@
 #   sglang-ca   sglang-router, policy cache_aware
 #   vllm-ca     vllm-router, policy cache_aware
 #   fleetroute  real Envoy + the Wasm filter + fleetroute (fleetroute bootstrap)
-# then runs the in-process replay on the same requests for comparison.
 #
 #   scripts/bench-routers.sh            # full: 3 workloads x 1, 1.5, 2, 4x, both key modes
 #   scripts/bench-routers.sh --quick    # short: 150 requests, 1x and 4x, content only
@@ -21,7 +20,8 @@
 # agent"), ROUTERS (all five), KEYS ("content cachekey"), COMPRESS (4),
 # CACHE_TOKENS (500000), SKIP_BUILD=1, BIN_DIR (target/release), BASE_PORT
 # (18000; two runs at once need different ones), OUT (target/bench-routers),
-# SHARE_FACTOR (1.1: fleetroute's new-conversation share bound; 0 = off).
+# SHARE_FACTOR (1.1: fleetroute's new-conversation share bound; 0 = off),
+# SHARE_FLOOR (fleetroute's default unless set).
 # Results: one JSON line per run in $OUT/results.jsonl and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -136,7 +136,7 @@ stages:
     fleets: [pool]
     # Conversations here open with shared system prompts: balance where
     # new ones start (README, Routing).
-    replica_choice: { share_factor: ${SHARE_FACTOR:-1.1} }
+    replica_choice: { share_factor: ${SHARE_FACTOR:-1.1}${SHARE_FLOOR:+, share_floor: $SHARE_FLOOR} }
 YAML
 }
 

@@ -306,6 +306,10 @@ pub struct ReplicaChoiceConfig {
     pub share_factor: f64,
     /// ...plus this many requests.
     pub share_slack: f64,
+    /// A replica whose recent requests are below this fraction of the
+    /// fleet's mean, less `share_slack`, is scored for a new conversation as
+    /// if it held the conversation's opening (0 never; at most 1).
+    pub share_floor: f64,
 }
 
 /// What a fleet must meet to be chosen by the cost policy (and what the

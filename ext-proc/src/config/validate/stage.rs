@@ -214,6 +214,7 @@ fn replica_choice(rc: &ReplicaChoiceConfig, p: &str, e: &mut Errors) {
         format!("{p}.share_factor"),
         "must be 0 (off) or a finite number >= 1",
     );
+    e.in_range(format!("{p}.share_floor"), rc.share_floor, 0.0..=1.0);
 }
 
 fn alarms(a: &AlarmsConfig, p: &str, e: &mut Errors) {

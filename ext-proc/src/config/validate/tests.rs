@@ -93,6 +93,13 @@ fn errors_name_the_field_path() {
             "stages[0].routing.exploration: 0.7 must be between 0 and 0.5",
         ),
         (
+            GOOD.replace(
+                "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                "replica_choice: { share_floor: 1.5 }",
+            ),
+            "stages[0].replica_choice.share_floor: 1.5 must be between 0 and 1",
+        ),
+        (
             GOOD.replace("order: [gb200-rack, h200-burst]", "resume_below: 1"),
             "stages[0].routing.resume_below: must be between 0 and 1 (exclusive)",
         ),

@@ -158,14 +158,14 @@ pub fn choose(
     // What a new conversation finds is its opening, which every
     // conversation repeats: a replica pays for it once, not once per
     // conversation. A replica well under its share (recent requests below
-    // the mean / `share_factor` − `share_slack`) is scored as if it held the
+    // `share_floor` × the mean − `share_slack`) is scored as if it held the
     // opening, so one that missed the first conversations is not kept out
     // of every later one while the fleet's queues stay short; the others
     // keep the opening's weight, which matters when there are several.
     let (opening_cached, under_share) = if new_conversation {
         (
             scored.iter().map(|s| s.cached).max().unwrap_or(0),
-            mean_recent / cfg.share_factor - cfg.share_slack,
+            cfg.share_floor * mean_recent - cfg.share_slack,
         )
     } else {
         (0, f64::NEG_INFINITY)
