@@ -90,8 +90,8 @@ fn new_conversations_spread_under_the_bound_and_pile_up_without_it() {
     // that cached it, with no queue anywhere, and goes there.
     let off = new_conversations("{ share_factor: 0 }", KeySource::Content);
     assert_eq!(off.iter().max(), Some(&80), "{off:?}");
-    // On (the default, 1.1 with slack 2): who holds the opening does not
-    // count, and ties go to the fewest recent requests: an even spread.
+    // On (the default, 1.1 with slack 2): replicas past their share are
+    // skipped and ties go to the fewest recent requests: an even spread.
     let content = new_conversations("{}", KeySource::Content);
     let (lo, hi) = (content.iter().min().unwrap(), content.iter().max().unwrap());
     assert!(hi - lo <= 1, "{content:?}");
@@ -150,15 +150,20 @@ fn prompts_with_nothing_past_their_opening_spread_but_keep_their_key_home() {
     let placed = |replica_choice: &str| {
         let (shared, mut w) = rig(replica_choice);
         let mut per = [0; REPLICAS];
+        let mut moved = 0;
         for c in 0..80 {
-            per[route(&shared, &mut w, short(c), c).0.0] += 1;
+            let (r, pick) = route(&shared, &mut w, short(c), c);
+            per[r.0] += 1;
+            moved += usize::from(pick == "share");
         }
-        per
+        (per, moved)
     };
-    let off = placed("{ share_factor: 0 }");
-    assert_eq!(off.iter().max(), Some(&80), "{off:?}");
-    let on = placed("{}");
+    let (off, moved) = placed("{ share_factor: 0 }");
+    assert_eq!((off.iter().max(), moved), (Some(&80), 0), "{off:?}");
+    let (on, moved) = placed("{}");
     assert!(on.iter().max().unwrap() <= &28, "{on:?}");
+    // Sent past the replica holding the opening, they say why.
+    assert!(moved > 0, "no short prompt was labelled as moved by share");
     // One short conversation (the same key, nothing past the opening) stays
     // on its key's home far past that replica's share.
     let (shared, mut w) = rig("{}");

@@ -44,8 +44,8 @@
 //! names only this prompt, so its rendezvous home means nothing yet), and a
 //! replica well under its share is scored as if it held the opening (it
 //! pays for that once, not per conversation). A prompt with nothing past its
-//! opening keeps its key's home but no other replica past its share takes
-//! it. Requests with the client's own key (`prompt_cache_key`, `user`) are
+//! opening is not taken by a replica past its share, unless that replica is
+//! its key's home. Requests with the client's own key (`prompt_cache_key`, `user`) are
 //! not placed by share: that key keeps its replica, as promised.
 
 use super::{FALLBACKS, ReplicaChoice};
@@ -69,7 +69,7 @@ struct Scored {
     cached: u64,
     /// Blocks it holds past the request's opening: the conversation's own.
     own: u16,
-    /// Past the new-conversation share bound (and not already overloaded).
+    /// Past the share bound (and not already overloaded).
     over_share: bool,
     /// Requests routed here lately (the share bound's measure).
     recent: f64,
@@ -148,9 +148,9 @@ pub fn choose(
         && !client_key
         && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
     // A prompt with no full block past its opening leaves nothing on its
-    // replica for its next turn to find: its key's home keeps it (so a short
-    // conversation's turns stay together), but no other replica past its
-    // share takes it. Without that, short prompts chase the replica with
+    // replica for its next turn to find: its key's home is never skipped
+    // for share (so a short conversation's turns stay together), but no
+    // other replica past its share takes it. Without that, short prompts chase the replica with
     // the shortest queue, which is short because it serves short prompts.
     let short = key.blocks.len() <= usize::from(key.opening_blocks);
     let new_conversation = placed_by_share && !short;
@@ -236,17 +236,19 @@ pub fn choose(
         scored.select_nth_unstable_by(head, rank);
     }
     scored[..=head].sort_unstable_by(rank);
+    // A replica that would have won on cost was skipped for share.
+    let skipped = scored
+        .iter()
+        .any(|s| s.over_share && s.cost < scored[0].cost - cfg.tie_tokens);
     let pick = match (
         scored.first(),
         scored.iter().max_by(|a, b| a.unit.total_cmp(&b.unit)),
     ) {
+        _ if skipped => "share",
         (Some(chosen), Some(home)) if chosen.replica != home.replica => {
             if chosen.cached > home.cached {
                 "prefix"
-            } else if home.over_share
-                || (new_conversation && chosen.recent < home.recent)
-                || scored.iter().any(|s| s.over_share && s.cost < chosen.cost)
-            {
+            } else if home.over_share || (new_conversation && chosen.recent < home.recent) {
                 "share"
             } else if home.overloaded {
                 "load_guard"
