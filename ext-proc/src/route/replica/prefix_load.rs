@@ -150,8 +150,9 @@ pub fn choose(
     // A prompt with no full block past its opening leaves nothing on its
     // replica for its next turn to find: its key's home is never skipped
     // for share (so a short conversation's turns stay together), but no
-    // other replica past its share takes it. Without that, short prompts chase the replica with
-    // the shortest queue, which is short because it serves short prompts.
+    // other replica past its share takes it. Without that, short prompts
+    // chase the replica with the shortest queue, which is short because it
+    // serves short prompts.
     let short = key.blocks.len() <= usize::from(key.opening_blocks);
     let new_conversation = placed_by_share && !short;
     let mean_recent = scored.iter().map(|s| s.recent).sum::<f64>() / scored.len().max(1) as f64;
