@@ -45,8 +45,8 @@
 //! replica well under its share is scored as if it held the opening (it
 //! pays for that once, not per conversation). A prompt with nothing past its
 //! opening is not taken by a replica past its share, unless that replica is
-//! its key's home. Requests with the client's own key (`prompt_cache_key`, `user`) are
-//! not placed by share: that key keeps its replica, as promised.
+//! its key's home. Requests with the client's own key (`prompt_cache_key`,
+//! `user`) are not placed by share: that key keeps its replica, as promised.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -156,6 +156,11 @@ pub fn choose(
     let short = key.blocks.len() <= usize::from(key.opening_blocks);
     let new_conversation = placed_by_share && !short;
     let mean_recent = scored.iter().map(|s| s.recent).sum::<f64>() / scored.len().max(1) as f64;
+    // The key's rendezvous home: the highest unit.
+    let home = scored
+        .iter()
+        .max_by(|a, b| a.unit.total_cmp(&b.unit))
+        .map(|s| s.replica);
     // What a new conversation finds is its opening, which every
     // conversation repeats: a replica pays for it once, not once per
     // conversation. A replica well under its share (recent requests below
@@ -182,10 +187,6 @@ pub fn choose(
     }
     if placed_by_share {
         let share_bound = cfg.share_factor * mean_recent + cfg.share_slack;
-        let home = scored
-            .iter()
-            .max_by(|a, b| a.unit.total_cmp(&b.unit))
-            .map(|s| s.replica);
         for s in &mut scored {
             let exempt = short && Some(s.replica) == home;
             s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
@@ -243,7 +244,7 @@ pub fn choose(
         .any(|s| s.over_share && s.cost < scored[0].cost - cfg.tie_tokens);
     let pick = match (
         scored.first(),
-        scored.iter().max_by(|a, b| a.unit.total_cmp(&b.unit)),
+        scored.iter().find(|s| Some(s.replica) == home),
     ) {
         _ if skipped => "share",
         (Some(chosen), Some(home)) if chosen.replica != home.replica => {
