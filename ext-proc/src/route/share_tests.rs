@@ -214,7 +214,11 @@ fn the_share_never_sends_a_request_behind_a_longer_queue() {
         let mut k = turn(c, 0);
         k.prompt_tokens = 20_000;
         let p = block_on(place(&shared, k, c)).unwrap();
-        assert_ne!(*p.decision.replicas.head(), busy, "set-up: queued on the busy one");
+        assert_ne!(
+            *p.decision.replicas.head(),
+            busy,
+            "set-up: queued on the busy one"
+        );
         held.push(p.guard);
         w.drain(Instant::now());
     }
