@@ -198,33 +198,3 @@ fn a_conversation_the_bound_placed_follows_its_short_cache_next_turn() {
     }
     assert!(moved > 0, "the bound moved no conversation");
 }
-
-#[test]
-fn the_share_never_sends_a_request_behind_a_longer_queue() {
-    let (shared, mut w) = rig("{}");
-    // One running conversation takes its replica far past its share.
-    let (busy, _) = route(&shared, &mut w, turn(7, 0), 7);
-    for t in 1..30 {
-        route(&shared, &mut w, turn(7, t), t);
-    }
-    // Every other replica is given a long prefill, held: their queues are
-    // long, the busy one's is empty.
-    let mut held = Vec::new();
-    for c in 100..100 + REPLICAS as u64 - 1 {
-        let mut k = turn(c, 0);
-        k.prompt_tokens = 20_000;
-        let p = block_on(place(&shared, k, c)).unwrap();
-        assert_ne!(
-            *p.decision.replicas.head(),
-            busy,
-            "set-up: queued on the busy one"
-        );
-        held.push(p.guard);
-        w.drain(Instant::now());
-    }
-    // A new conversation goes to the empty queue, past its share, rather
-    // than waiting behind 20,000 tokens on a replica within it.
-    let d = decide(&shared.snapshot(), &turn(200, 0), 200).unwrap();
-    assert_eq!(*d.replicas.head(), busy, "picked by {}", d.pick);
-    drop(held);
-}

@@ -45,9 +45,7 @@
 //! replica well under its share is scored as if it held the opening (it
 //! pays for that once, not per conversation). A prompt with nothing past its
 //! opening is not taken by a replica past its share, unless that replica is
-//! its key's home. The share never makes a request wait: a replica past it
-//! whose queue is shorter, by more than `tie_tokens`, than every replica
-//! within it is not skipped. Requests with the client's own key (`prompt_cache_key`,
+//! its key's home. Requests with the client's own key (`prompt_cache_key`,
 //! `user`) are not placed by share: that key keeps its replica, as promised.
 
 use super::{FALLBACKS, ReplicaChoice};
@@ -192,20 +190,6 @@ pub fn choose(
         for s in &mut scored {
             let exempt = short && Some(s.replica) == home;
             s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
-        }
-        // The share balances the turns to come; it never makes this request
-        // wait. A replica past its share whose queue is shorter, by more than
-        // `tie_tokens`, than every replica within its share is not skipped:
-        // with prompts of very different lengths (one-shot requests), equal
-        // request counts are unequal work, and skipping the short queue would
-        // put the request behind a longer one.
-        let shortest_within = scored
-            .iter()
-            .filter(|s| !s.overloaded && !s.over_share)
-            .map(|s| s.queued)
-            .fold(f64::INFINITY, f64::min);
-        for s in &mut scored {
-            s.over_share &= s.queued + cfg.tie_tokens >= shortest_within;
             s.overloaded |= s.over_share;
         }
     }
