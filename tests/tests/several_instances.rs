@@ -90,10 +90,38 @@ fn conversations(lab: &Lab, turns: usize) -> (usize, usize) {
     })
 }
 
+/// Requests (one every 100 ms, for at most 10 s) until each instance has
+/// routed one and every entry has arrived. Envoy's workers may keep calling
+/// the first instance that passed its health checks for a second or two
+/// after the other passes too; a run in that time has nothing foreign.
+fn warm_up(lab: &Lab) {
+    let url = chat_url(lab);
+    let mut sent = 0.0;
+    wait_until(
+        "both instances to route calls",
+        Duration::from_secs(10),
+        || {
+            let r = post(&url, chat_body("m1", None, "warm-up", false), &[]);
+            assert_eq!(r.status, 200, "warm-up: {}", r.body);
+            sent += 1.0;
+            std::thread::sleep(Duration::from_millis(100));
+            (0..2).all(|i| {
+                lab.instance_metric(i, "fleetroute_requests_total", &[])
+                    .unwrap_or(0.0)
+                    > 0.0
+            })
+        },
+    );
+    wait_until("the warm-up's entries", Duration::from_secs(10), || {
+        entries(lab) >= sent
+    });
+}
+
 /// Figures of one run: (foreign entries, leases held once every entry had
 /// arrived, seconds until no instance held a lease, turns that stayed).
 fn access_log_run(peers_redis: bool) -> (f64, u64, f64, usize, usize) {
     let lab = lab(peers_redis);
+    warm_up(&lab);
     let before = entries(&lab);
     let (sent, stayed) = conversations(&lab, 20);
     wait_until(
@@ -134,10 +162,12 @@ fn access_log_run(peers_redis: bool) -> (f64, u64, f64, usize, usize) {
             "peer link: {sent_fwd} entries forwarded, {received} received; {updates} prefix changes applied; {bytes} bytes sent ({:.0} per routed request)",
             bytes / sent as f64
         );
-        assert!(
-            received > 0.0 && received <= sent_fwd,
-            "{received} of {sent_fwd}"
-        );
+        // Nothing to forward when Envoy sent every entry to the deciding
+        // instance; `access_log_run_mixed` runs again then.
+        assert!(received <= sent_fwd, "{received} of {sent_fwd}");
+        if foreign > 0.0 {
+            assert!(received > 0.0, "{foreign} foreign entries, none forwarded");
+        }
         assert!(updates > 0.0, "no prefix change crossed the link");
         assert_eq!(both(&lab, "fleetroute_peers_up", &[]), 2.0);
     }
