@@ -90,7 +90,7 @@ fn conversations(lab: &Lab, turns: usize) -> (usize, usize) {
     })
 }
 
-/// Requests (one every 100 ms, for at most 10 s) until each instance has
+/// Requests (one per poll, for at most 10 s) until each instance has
 /// routed one and every entry has arrived. Envoy's workers may keep calling
 /// the first instance that passed its health checks for a second or two
 /// after the other passes too; a run in that time has nothing foreign.
@@ -104,7 +104,6 @@ fn warm_up(lab: &Lab) {
             let r = post(&url, chat_body("m1", None, "warm-up", false), &[]);
             assert_eq!(r.status, 200, "warm-up: {}", r.body);
             sent += 1.0;
-            std::thread::sleep(Duration::from_millis(100));
             (0..2).all(|i| {
                 lab.instance_metric(i, "fleetroute_requests_total", &[])
                     .unwrap_or(0.0)
