@@ -35,6 +35,11 @@ pub const STREAM: &str = "x-fleetroute-stream";
 /// application may share, so holding only those is no sign of a
 /// conversation's home. Absent when there are none.
 pub const OPENING_BLOCKS: &str = "x-fleetroute-opening-blocks";
+/// `1` when the chat already holds a reply (an `assistant` or `tool`
+/// message): the request continues a conversation whose earlier turns went
+/// somewhere, even if its text past the opening is still too short to show
+/// where. Absent otherwise (a new chat, or a completions prompt).
+pub const CONTINUES: &str = "x-fleetroute-continues";
 /// What the request asks of the router itself rather than of a model: set to
 /// [`ENDPOINT_MODELS`] on `GET /v1/models`, which ext-proc answers.
 pub const ENDPOINT: &str = "x-fleetroute-endpoint";
@@ -76,6 +81,7 @@ pub const REQUEST_HEADERS: &[&str] = &[
     MAX_TOKENS,
     STREAM,
     OPENING_BLOCKS,
+    CONTINUES,
     ENDPOINT,
     CLUSTER,
     ROUTE,

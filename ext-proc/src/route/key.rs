@@ -25,6 +25,9 @@ pub struct RouteKey<'a> {
     /// filter's `x-fleetroute-opening-blocks`): shared by every conversation
     /// of an application, so no sign of where one lives.
     pub opening_blocks: u16,
+    /// The chat already holds a reply (the filter's `x-fleetroute-continues`):
+    /// it continues a conversation, so it is never placed as a new one.
+    pub continues: bool,
     pub block_tokens: u32,
     pub prompt_tokens: u32,
     /// The request's `max_tokens`, when it set one (bounds its load lease
@@ -72,6 +75,7 @@ impl<'a> RouteKey<'a> {
                 contract::PROMPT_TOKENS => k.prompt_tokens = v.parse().unwrap_or(0),
                 contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
                 contract::OPENING_BLOCKS => k.opening_blocks = v.parse().unwrap_or(0),
+                contract::CONTINUES => k.continues = v == "1",
                 contract::TENANT => k.tenant = truncate_id(v),
                 contract::ENDPOINT => k.list_models = v == contract::ENDPOINT_MODELS,
                 _ => {}
@@ -150,6 +154,28 @@ mod tests {
         let map = header("t".repeat(10_000));
         assert_eq!(RouteKey::from_headers(&map).tenant.len(), MAX_REQUEST_ID);
         assert_eq!(RouteKey::from_headers(&HeaderMap::default()).tenant, "");
+    }
+
+    #[test]
+    fn only_the_filters_mark_says_a_chat_continues() {
+        let map = |v: Option<&str>| HeaderMap {
+            headers: v
+                .into_iter()
+                .map(|v| HeaderValue {
+                    key: contract::CONTINUES.into(),
+                    raw_value: v.as_bytes().to_vec(),
+                    ..Default::default()
+                })
+                .collect(),
+        };
+        for (v, want) in [
+            (Some("1"), true),
+            (Some("0"), false),
+            (Some("yes"), false),
+            (None, false),
+        ] {
+            assert_eq!(RouteKey::from_headers(&map(v)).continues, want, "{v:?}");
+        }
     }
 
     #[test]

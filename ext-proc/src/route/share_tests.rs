@@ -95,9 +95,58 @@ fn new_conversations_spread_under_the_bound_and_pile_up_without_it() {
     let content = new_conversations("{}", KeySource::Content);
     let (lo, hi) = (content.iter().min().unwrap(), content.iter().max().unwrap());
     assert!(hi - lo <= 1, "{content:?}");
-    // The client's own key is not placed by share: it keeps its replica.
+    // Conversations with the client's own keys spread under the bound too
+    // (each key is another conversation here), and pile up without it.
     let user = new_conversations("{}", KeySource::User);
-    assert_eq!(user, off, "a user key is placed as without the bound");
+    assert!(user.iter().max().unwrap() <= &25, "{user:?}");
+    let user_off = new_conversations("{ share_factor: 0 }", KeySource::User);
+    assert_eq!(user_off, off, "{user_off:?}");
+}
+
+#[test]
+fn a_client_key_keeps_its_home_while_that_is_within_its_share() {
+    let (shared, mut w) = rig("{}");
+    // Content-keyed conversations until every replica holds the opening.
+    let mut holders = std::collections::HashSet::new();
+    for c in 0..40 {
+        holders.insert(route(&shared, &mut w, turn(c, 0), c).0);
+        if holders.len() == REPLICAS {
+            break;
+        }
+    }
+    assert_eq!(
+        holders.len(),
+        REPLICAS,
+        "set-up: the opening did not spread"
+    );
+    // Every replica is tied and within its share. A new conversation under
+    // the client's key goes to that key's home (where a request with no
+    // blocks, decided by the key alone, goes), not to the replica with the
+    // fewest recent requests, as one keyed by its content would.
+    let snap = shared.snapshot();
+    let mut homes = std::collections::HashSet::new();
+    for k in 0..16u64 {
+        let client = |c| RouteKey {
+            key: k.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xC0FFEE,
+            ..keyed(c, 0, KeySource::PromptCacheKey)
+        };
+        let conversation = client(900 + k);
+        let bare = RouteKey {
+            blocks: Vec::new(),
+            opening_blocks: 0,
+            ..client(900 + k)
+        };
+        let home = *decide(&snap, &bare, k).unwrap().replicas.head();
+        let d = decide(&snap, &conversation, k).unwrap();
+        assert_eq!(
+            *d.replicas.head(),
+            home,
+            "key {k} left its home ({})",
+            d.pick
+        );
+        homes.insert(home);
+    }
+    assert!(homes.len() > 1, "set-up: every key had the same home");
 }
 
 #[test]
@@ -197,4 +246,28 @@ fn a_conversation_the_bound_placed_follows_its_short_cache_next_turn() {
         );
     }
     assert!(moved > 0, "the bound moved no conversation");
+}
+
+#[test]
+fn a_chat_holding_a_reply_keeps_to_its_opening_whatever_its_key() {
+    // One conversation whose client sends another `user` every turn and
+    // whose turns add less than a block: only its opening, on the replica
+    // of its first turn, shows where it lives. Turns marked as holding a
+    // reply stay there far past its share; the same turns unmarked look
+    // like new short prompts, which the bound spreads.
+    let moved = |continues: bool| {
+        let (shared, mut w) = rig("{}");
+        let at = |t: u64| RouteKey {
+            key: (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+            key_source: Some(KeySource::User),
+            continues: continues && t > 0,
+            ..short(5)
+        };
+        let (home, _) = route(&shared, &mut w, at(0), 0);
+        (1..30)
+            .filter(|&t| route(&shared, &mut w, at(t), t).0 != home)
+            .count()
+    };
+    assert_eq!(moved(true), 0, "a continued chat left its opening");
+    assert!(moved(false) > 0, "set-up: the bound moved no unmarked turn");
 }

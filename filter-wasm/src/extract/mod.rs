@@ -22,6 +22,8 @@ pub struct Extraction {
     pub blocks: Vec<u64>,
     /// Of `blocks`, how many end before the first user message.
     pub opening_blocks: usize,
+    /// The chat holds a reply: it continues a conversation.
+    pub continues: bool,
     pub prompt_tokens: u64,
     pub max_tokens: Option<u64>,
     pub stream: bool,
@@ -35,6 +37,7 @@ impl Extraction {
             key: None,
             blocks: Vec::new(),
             opening_blocks: 0,
+            continues: false,
             prompt_tokens: 0,
             max_tokens: None,
             stream: false,
@@ -61,6 +64,9 @@ impl Extraction {
             ));
             if self.opening_blocks > 0 {
                 h.push((contract::OPENING_BLOCKS, self.opening_blocks.to_string()));
+            }
+            if self.continues {
+                h.push((contract::CONTINUES, "1".to_string()));
             }
             if let Some(m) = self.max_tokens {
                 h.push((contract::MAX_TOKENS, m.to_string()));
@@ -112,6 +118,7 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
         model: req.model.as_deref().and_then(model::model),
         key: key::sampling_key(&req, canonical, cfg.block_bytes),
         opening_blocks: opening_blocks(&req, cfg.block_bytes).min(blocks.len()),
+        continues: req.messages.as_ref().is_some_and(|m| m.answered),
         blocks,
         prompt_tokens: canonical.len().div_ceil(BYTES_PER_TOKEN) as u64,
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
@@ -315,6 +322,14 @@ mod tests {
         assert_eq!(t1.blocks[..], t2.blocks[..t1.blocks.len()]);
         assert!(t2.blocks.len() > t1.blocks.len());
         assert!(t2.prompt_tokens > t1.prompt_tokens);
+        // Only the second turn holds a reply, and says so.
+        assert_eq!((t1.continues, t2.continues), (false, true));
+        let continues = |e: &Extraction| {
+            e.headers(&c)
+                .iter()
+                .any(|(h, v)| *h == contract::CONTINUES && v == "1")
+        };
+        assert!(!continues(&t1) && continues(&t2));
     }
 
     #[test]
@@ -328,6 +343,7 @@ mod tests {
         assert!(e.stream);
         assert_eq!(e.prompt_tokens, 9);
         assert_eq!(e.opening_blocks, 0, "a completions prompt has no opening");
+        assert!(!e.continues, "a completions prompt continues nothing known");
         let parts = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
         assert_eq!(extract(parts, &cfg()).status, ParseStatus::Ok);
     }

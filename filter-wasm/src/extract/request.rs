@@ -42,6 +42,9 @@ pub struct Messages {
     /// Where the first system and the first user message are in `text`.
     pub first_system: Option<Range<usize>>,
     pub first_user: Option<Range<usize>>,
+    /// A reply (an `assistant` or `tool` message) is among them: the chat
+    /// continues a conversation.
+    pub answered: bool,
 }
 
 /// One message as it is read; appended to [`Messages`] at once.
@@ -104,6 +107,10 @@ impl<'de> Deserialize<'de> for Messages {
                     let slot = match &*m.role {
                         "system" => &mut out.first_system,
                         "user" => &mut out.first_user,
+                        "assistant" | "tool" => {
+                            out.answered = true;
+                            continue;
+                        }
                         _ => continue,
                     };
                     slot.get_or_insert(start..out.text.len());

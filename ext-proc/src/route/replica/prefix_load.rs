@@ -40,13 +40,16 @@
 //! without moving any conversation off its cache. Without it, the replicas
 //! that first cached a shared system prompt keep drawing new conversations
 //! while their queues stay short. Among tied replicas, a new conversation
-//! goes to the one with the fewest recent requests (its content-derived key
-//! names only this prompt, so its rendezvous home means nothing yet), and a
-//! replica well under its share is scored as if it held the opening (it
-//! pays for that once, not per conversation). A prompt with nothing past its
-//! opening is not taken by a replica past its share, unless that replica is
-//! its key's home. Requests with the client's own key (`prompt_cache_key`,
-//! `user`) are not placed by share: that key keeps its replica, as promised.
+//! keyed by its content goes to the one with the fewest recent requests (its
+//! key names only this prompt, so its rendezvous home means nothing yet);
+//! one with the client's own key (`prompt_cache_key`, `user`) goes to its
+//! key's home, which the bound skips only past its share. A chat that holds
+//! a reply (the filter's `x-fleetroute-continues`) is never placed as a new
+//! conversation, whatever its key says. A replica well
+//! under its share is scored as if it held the opening (it pays for that
+//! once, not per conversation). A prompt with nothing past its opening is
+//! not taken by a replica past its share, unless that replica is its key's
+//! home.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -137,15 +140,20 @@ pub fn choose(
         (f64::from(fleet.capacity.max_inflight) * INFLIGHT_SLACK_SHARE).max(INFLIGHT_SLACK_MIN);
     let inflight_bound = INFLIGHT_FACTOR * mean_inflight + slack;
     let prefix_weight = load_adapted_prefix_weight(cfg.prefix_weight, mean, key.prompt_tokens);
-    // A client's key (`prompt_cache_key`, `user`) is a promise of its own
-    // replica, so only requests keyed by their content (or not at all) are
-    // placed by share: such a key names nothing but this prompt.
+    // A client's key (`prompt_cache_key`, `user`) names its own replica: its
+    // rendezvous home wins the ties, and the share bound moves it only off a
+    // home past its share. A key derived from the content names nothing but
+    // this prompt, so its ties go to the fewest recent requests.
     let client_key = matches!(
         key.key_source,
         Some(KeySource::PromptCacheKey | KeySource::User)
     );
+    // A chat holding a reply continues a conversation whose earlier turns
+    // went somewhere, even while its text past the opening is too short to
+    // show where (and a client may change its key every turn): it is never
+    // placed as new, so it keeps to the replicas holding what it has.
     let placed_by_share = cfg.share_factor > 0.0
-        && !client_key
+        && !key.continues
         && cand.ready.iter().all(|r| r.matched <= key.opening_blocks);
     // A prompt with no full block past its opening leaves nothing on its
     // replica for its next turn to find: its key's home is never skipped
@@ -220,7 +228,7 @@ pub fn choose(
                     let own = b.own.cmp(&a.own);
                     // A new conversation's rendezvous home is no better
                     // than any tied replica: the fewest recent requests win.
-                    let fewer = if new_conversation {
+                    let fewer = if new_conversation && !client_key {
                         a.recent.total_cmp(&b.recent)
                     } else {
                         std::cmp::Ordering::Equal
@@ -250,7 +258,9 @@ pub fn choose(
         (Some(chosen), Some(home)) if chosen.replica != home.replica => {
             if chosen.cached > home.cached {
                 "prefix"
-            } else if home.over_share || (new_conversation && chosen.recent < home.recent) {
+            } else if home.over_share
+                || (new_conversation && !client_key && chosen.recent < home.recent)
+            {
                 "share"
             } else if home.overloaded {
                 "load_guard"
