@@ -299,10 +299,11 @@ pub struct ReplicaChoiceConfig {
     /// ...plus this many tokens (so an idle fleet is not "overloaded" by one
     /// prompt).
     pub load_slack_tokens: f64,
-    /// Requests keyed by their content that no replica holds beyond their
-    /// opening blocks skip a replica whose recent requests exceed this
-    /// multiple of the fleet's mean (one with no full block past its opening
-    /// still takes its key's home)... (0 turns the bound off)
+    /// New conversations (requests that hold no reply and that no replica
+    /// holds beyond their opening blocks) skip a replica whose recent
+    /// requests exceed this multiple of the fleet's mean (one with no full
+    /// block past its opening still takes its key's home)... (0 turns the
+    /// bound off)
     pub share_factor: f64,
     /// ...plus this many requests.
     pub share_slack: f64,
