@@ -45,11 +45,10 @@
 //! one with the client's own key (`prompt_cache_key`, `user`) goes to its
 //! key's home, which the bound skips only past its share. A chat that holds
 //! a reply (the filter's `x-fleetroute-continues`) is never placed as a new
-//! conversation, whatever its key says. A replica well
-//! under its share is scored as if it held the opening (it pays for that
-//! once, not per conversation). A prompt with nothing past its opening is
-//! not taken by a replica past its share, unless that replica is its key's
-//! home.
+//! conversation, whatever its key says. A replica well under its share is
+//! scored as if it held the opening (it pays for that once, not per
+//! conversation). A prompt with nothing past its opening is not taken by a
+//! replica past its share, unless that replica is its key's home.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
