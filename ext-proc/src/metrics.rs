@@ -176,6 +176,7 @@ pub struct Metrics {
     pub events_dropped: Counter,
     pub access_log_entries: Family<ResultLabel, Counter>,
     pub leases_released: Family<ResultLabel, Counter>,
+    pub prefill_ended: Family<ResultLabel, Counter>,
     pub leases_held: Gauge,
     pub envoy_access_log: Family<ResultLabel, Gauge>,
     pub eds_streams: Gauge,
@@ -245,6 +246,7 @@ impl Metrics {
             events_dropped: Counter::default(),
             access_log_entries: Family::default(),
             leases_released: Family::default(),
+            prefill_ended: Family::default(),
             leases_held: Gauge::default(),
             envoy_access_log: Family::default(),
             eds_streams: Gauge::default(),
@@ -382,6 +384,11 @@ impl Metrics {
             "leases_released",
             "Decision load leases released, by how: logged (the access log reported the end), expired (its bound passed: the entry was lost or late), reconciled (the engine reported fewer requests), evicted (too many held)",
             m.leases_released.clone(),
+        );
+        r.register(
+            "prefill_ended",
+            "Prefill shares of decision leases ended, by how: first_byte (Envoy reported the response's first body byte), estimate (its estimated prefill passed without that report), request_end (the request ended first)",
+            m.prefill_ended.clone(),
         );
         r.register(
             "leases_held",

@@ -1,6 +1,8 @@
-//! The ext_proc gRPC service: the routing filter's streams (request headers
-//! only; each gets a decision). Outcomes come back through the access log
-//! (`observe::access_log`), not through ext_proc.
+//! The ext_proc gRPC service: the routing filter's streams. A request's
+//! headers get a decision; a routed request's response headers, which the
+//! rename root holds until the first body byte, end its replica's prefill
+//! share. Outcomes come back through the access log (`observe::access_log`),
+//! not through ext_proc.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,9 +40,25 @@ impl Service {
 
 /// What the request path answers a request's headers with.
 pub enum Answer<'a> {
-    Now(ProcessingResponse),
+    Now(Reply),
     /// Admission holds it: try again at its ticket's turns.
     Held(Held<'a>),
+}
+
+/// Envoy's answer and, when it routed the request, the nonce its lease is
+/// held by (the stream's later messages report on that request).
+pub struct Reply {
+    pub response: ProcessingResponse,
+    pub nonce: Option<u64>,
+}
+
+impl From<ProcessingResponse> for Reply {
+    fn from(response: ProcessingResponse) -> Self {
+        Reply {
+            response,
+            nonce: None,
+        }
+    }
 }
 
 pub struct Held<'a> {
@@ -57,12 +75,12 @@ pub async fn route_request<'a>(
     headers: &'a HttpHeaders,
 ) -> Answer<'a> {
     let Some(map) = headers.headers.as_ref() else {
-        return Answer::Now(mutation::pass());
+        return Answer::Now(mutation::pass().into());
     };
     let trace = DecisionSpan::start();
     let mut key = RouteKey::from_headers(map);
     if key.list_models {
-        return Answer::Now(mutation::model_list(&shared.snapshot().topo));
+        return Answer::Now(mutation::model_list(&shared.snapshot().topo).into());
     }
     key.spread_anonymous(fastrand::u64(..));
     let decided = {
@@ -73,7 +91,7 @@ pub async fn route_request<'a>(
         Ok(d) => d,
         Err(reject) => {
             trace.rejected(&reject);
-            return Answer::Now(mutation::reject(&reject));
+            return Answer::Now(mutation::reject(&reject).into());
         }
     };
     let now = Instant::now();
@@ -90,15 +108,15 @@ pub async fn route_request<'a>(
                 }
                 Err(reject) => {
                     trace.rejected(&reject);
-                    Answer::Now(mutation::reject(&reject))
+                    Answer::Now(mutation::reject(&reject).into())
                 }
             }
         }
         Judged::Refuse { stage, refusal } => {
-            Answer::Now(overloaded(shared, &key, &stage, &refusal))
+            Answer::Now(overloaded(shared, &key, &stage, &refusal).into())
         }
         Judged::Hold(ticket) => Answer::Held(Held { ticket, key }),
-        Judged::Invalid(bad) => Answer::Now(reply::bad_priority(&bad)),
+        Judged::Invalid(bad) => Answer::Now(reply::bad_priority(&bad).into()),
     }
 }
 
@@ -131,7 +149,7 @@ impl<'a> Asked<'a> {
 
 /// Holds a decision's load (and its tenant's charge) under its lease and
 /// answers Envoy. `held`: how long admission held it.
-fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> ProcessingResponse {
+fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> Reply {
     // The access log entry ends the lease (and commits the tenant's charge)
     // by this nonce, which only fleetroute writes (a client can send any
     // x-request-id).
@@ -151,7 +169,10 @@ fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> Proce
         asked.model,
     );
     shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
-    response
+    Reply {
+        response,
+        nonce: Some(p.nonce),
+    }
 }
 
 /// One turn of a held request: decide again and ask admission; a released
@@ -162,12 +183,12 @@ async fn attempt(
     admission: &Admission,
     key: &mut RouteKey<'_>,
     ticket: Ticket,
-) -> Result<ProcessingResponse, Ticket> {
+) -> Result<Reply, Ticket> {
     let (snapshot, decision) = match decide_on(shared, key, fastrand::u64(..)) {
         Ok(d) => d,
         // No ready replica any more (or the stage went away): answered as
         // any rejection; dropping the ticket leaves the queue.
-        Err(reject) => return Ok(mutation::reject(&reject)),
+        Err(reject) => return Ok(mutation::reject(&reject).into()),
     };
     let stage = ticket.stage_name().to_string();
     let now = Instant::now();
@@ -177,10 +198,10 @@ async fn attempt(
             let asked = Asked::of(key);
             match admit_and_commit(shared, snapshot, decision, std::mem::take(key)).await {
                 Ok(p) => Ok(routed(shared, p, asked, held)),
-                Err(reject) => Ok(mutation::reject(&reject)),
+                Err(reject) => Ok(mutation::reject(&reject).into()),
             }
         }
-        (_, Retried::Refuse(r)) => Ok(overloaded(shared, key, &stage, &r)),
+        (_, Retried::Refuse(r)) => Ok(overloaded(shared, key, &stage, &r).into()),
         (Some(t), Retried::Wait) => Err(t),
         (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
     }
@@ -194,7 +215,7 @@ async fn hold(
     admission: &Admission,
     held: Held<'_>,
     inbound: &mut Streaming<ProcessingRequest>,
-) -> Option<ProcessingResponse> {
+) -> Option<Reply> {
     let Held {
         mut ticket,
         mut key,
@@ -204,23 +225,18 @@ async fn hold(
         tokio::select! {
             biased;
             // Envoy ends the stream when the client resets; any other message
-            // here is outside the protocol (the routing filter sends request
-            // headers only), so the request is given up too.
+            // here is outside the protocol (nothing else is sent before the
+            // request is answered), so the request is given up too.
             _ = inbound.message() => return None,
             _ = tokio::time::sleep_until(deadline) => {
                 let stage = ticket.stage_name().to_string();
-                return Some(overloaded(shared, &key, &stage, &ticket.refuse(Instant::now())));
+                return Some(overloaded(shared, &key, &stage, &ticket.refuse(Instant::now())).into());
             }
             _ = ticket.turn() => {}
         }
         if ticket.evicted() {
             let stage = ticket.stage_name().to_string();
-            return Some(overloaded(
-                shared,
-                &key,
-                &stage,
-                &ticket.refuse(Instant::now()),
-            ));
+            return Some(overloaded(shared, &key, &stage, &ticket.refuse(Instant::now())).into());
         }
         if !ticket.is_head(Instant::now()) {
             continue;
@@ -245,6 +261,9 @@ impl ExternalProcessor for Service {
         let shared = self.shared.clone();
         let admission = self.admission.clone();
         tokio::spawn(async move {
+            // The request this stream routed, whose lease later messages
+            // report on.
+            let mut routed: Option<u64> = None;
             // A reset stream ends the loop like a clean close.
             while let Ok(Some(msg)) = inbound.message().await {
                 // An observing filter from an older bootstrap: outcomes now come
@@ -264,7 +283,7 @@ impl ExternalProcessor for Service {
                 }
                 let reply = match &msg.request {
                     Some(Request::RequestHeaders(h)) => {
-                        match route_request(&shared, &admission, h).await {
+                        let answer = match route_request(&shared, &admission, h).await {
                             Answer::Now(r) => r,
                             Answer::Held(held) => {
                                 // Without this Envoy gives up after its
@@ -281,10 +300,20 @@ impl ExternalProcessor for Service {
                                     None => break,
                                 }
                             }
-                        }
+                        };
+                        routed = answer.nonce;
+                        answer.response
                     }
-                    // The routing filter asks for request headers only; anything
-                    // else is let through so Envoy never waits on us.
+                    // The first body byte is on its way to the client: the
+                    // replica has finished the prompt.
+                    Some(other @ Request::ResponseHeaders(_)) => {
+                        if let Some(nonce) = routed.take() {
+                            shared.leases.first_byte(nonce);
+                        }
+                        mutation::continue_unchanged(other)
+                    }
+                    // Nothing else is asked for; anything else is let through
+                    // so Envoy never waits on us.
                     Some(other) => mutation::continue_unchanged(other),
                     None => continue,
                 };

@@ -58,6 +58,12 @@ pub const SHADOW: &str = "x-fleetroute-shadow";
 /// ext_proc) writes it into the body and the client's name back into the
 /// response, and removes the header.
 pub const SERVED_MODEL: &str = "x-fleetroute-served-model";
+/// `1` when ext-proc asks to see the response headers at the first body
+/// byte: engines send their headers before prefill, the first token with the
+/// first body byte. The rename root (after ext_proc) holds the headers until
+/// that byte and removes this header, so the ext_proc filter reports the
+/// moment the replica's prefill ended.
+pub const FIRST_BYTE: &str = "x-fleetroute-first-byte";
 
 /// `root_id` of the filter's second root, which renames the model; the
 /// first root (any other id) reads the request.
@@ -87,6 +93,7 @@ pub const REQUEST_HEADERS: &[&str] = &[
     ROUTE,
     SHADOW,
     SERVED_MODEL,
+    FIRST_BYTE,
 ];
 
 /// Where the sampling key came from.

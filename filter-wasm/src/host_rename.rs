@@ -2,8 +2,12 @@
 //! ext_proc filter: for a request whose fleet serves the model under another
 //! name (ext-proc's `x-fleetroute-served-model`), writes that name into the
 //! body and the client's name back into the response. Every other request
-//! costs one header lookup per callback and is never paused. Together with
-//! `host` the only code that talks to the proxy-wasm host.
+//! costs one header lookup per callback and is never paused. It also holds
+//! a routed response's headers until its first body byte when ext-proc asks
+//! (`x-fleetroute-first-byte`): the ext_proc filter, before this root on the
+//! way back, then reports the first token rather than the engine's early
+//! headers. Together with `host` the only code that talks to the proxy-wasm
+//! host.
 
 use std::rc::Rc;
 
@@ -78,6 +82,7 @@ pub fn context(shared: Rc<Shared>) -> Box<dyn HttpContext> {
         buffered: 0,
         renamed: false,
         response: None,
+        first_byte: false,
     })
 }
 
@@ -91,6 +96,8 @@ struct Rename {
     /// The request went upstream under the served name.
     renamed: bool,
     response: Option<ModelRewriter>,
+    /// ext-proc asked for the response headers at the first body byte.
+    first_byte: bool,
 }
 
 impl Rename {
@@ -133,12 +140,43 @@ impl Rename {
         }
         Action::Continue
     }
+
+    /// Sets up the response's rewrite for a renamed request.
+    fn prepare_rename(&mut self) {
+        if !self.renamed {
+            return;
+        }
+        let Some(client) = self.client.as_deref() else {
+            return;
+        };
+        let m = &self.shared.metrics;
+        let encoded = self
+            .get_http_response_header("content-encoding")
+            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
+        if encoded {
+            m.inc(m.response_encoded);
+            return;
+        }
+        let format = self
+            .get_http_response_header("content-type")
+            .and_then(|ct| Format::of(&ct));
+        if let Some(f) = format {
+            self.response = Some(ModelRewriter::new(f, client));
+            // The body's length may change.
+            self.set_http_response_header("content-length", None);
+        }
+    }
 }
 
 impl Context for Rename {}
 
 impl HttpContext for Rename {
     fn on_http_request_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        if self.get_http_request_header(contract::FIRST_BYTE).is_some() {
+            // Only ext-proc sets it (the first root strips a client's copy).
+            self.set_http_request_header(contract::FIRST_BYTE, None);
+            self.first_byte = true;
+        }
         let Some(served) = self.get_http_request_header(contract::SERVED_MODEL) else {
             return Action::Continue;
         };
@@ -170,28 +208,12 @@ impl HttpContext for Rename {
         self.rename_body()
     }
 
-    fn on_http_response_headers(&mut self, _n: usize, _end_of_stream: bool) -> Action {
-        if !self.renamed {
-            return Action::Continue;
-        }
-        let Some(client) = self.client.as_deref() else {
-            return Action::Continue;
-        };
-        let m = &self.shared.metrics;
-        let encoded = self
-            .get_http_response_header("content-encoding")
-            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"));
-        if encoded {
-            m.inc(m.response_encoded);
-            return Action::Continue;
-        }
-        let format = self
-            .get_http_response_header("content-type")
-            .and_then(|ct| Format::of(&ct));
-        if let Some(f) = format {
-            self.response = Some(ModelRewriter::new(f, client));
-            // The body's length may change.
-            self.set_http_response_header("content-length", None);
+    fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        self.prepare_rename();
+        if self.first_byte && !end_of_stream {
+            // Envoy hands this root the body while the headers wait; the
+            // first chunk's `Continue` sends both on.
+            return Action::Pause;
         }
         Action::Continue
     }

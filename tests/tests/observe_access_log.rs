@@ -3,10 +3,12 @@
 //! lease still ends (by its bound, or by the engine's own count), so no
 //! replica stays loaded.
 
+use std::io::Read;
+use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
 
-use fleetroute_tests::harness::client::{blocking_get, chat_body_tokens, metric_sum, post};
+use fleetroute_tests::harness::client::{blocking_get, chat_body_tokens, client, metric_sum, post};
 use fleetroute_tests::harness::scenario::chat_url as url;
 use fleetroute_tests::harness::{Lab, LabSpec, wait_until};
 
@@ -69,6 +71,115 @@ fn send(lab: &Lab, n: usize, stream: bool) {
         let r = h.join().unwrap();
         assert_eq!(r.status, 200, "{}", r.body);
     }
+}
+
+/// The tokens fleetroute counts queued for prefill, over every replica.
+fn queued_tokens(lab: &Lab) -> Option<u64> {
+    let (_, body) = blocking_get(&format!("{}/debug/snapshot", lab.admin))?;
+    let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+    let mut sum = 0;
+    for f in v["fleets"].as_array()? {
+        for r in f["replicas"].as_array()? {
+            sum += r["queued_tokens"].as_u64()?;
+        }
+    }
+    Some(sum)
+}
+
+/// A counter of the engine's, summed over the lab's replicas.
+fn engine_counter(lab: &Lab, metric: &str) -> f64 {
+    lab.replicas
+        .values()
+        .filter_map(|a| blocking_get(&format!("http://{a}/metrics")))
+        .map(|(_, m)| metric_sum(&m, metric, &[]))
+        .sum()
+}
+
+/// The engine sends a stream's headers before it queues the request (as
+/// vLLM does). The rename root holds them until the first body byte, so
+/// the ext_proc report of them ends the replica's prefill share at the
+/// first token: not while the prompt is still prefilling, and long before
+/// the share's estimate.
+#[test]
+fn the_first_token_ends_the_replicas_prefill_share() {
+    let lab = Lab::start(
+        ENGINE,
+        LabSpec {
+            router: &router(200, 1500, 600_000),
+            engine_args: &[
+                "--prefill-tokens-per-sec",
+                "10000",
+                "--decode-ms-per-token",
+                "50",
+            ],
+            ..Default::default()
+        },
+    );
+    // 20k tokens: 2 s of prefill here; fleetroute's default estimate is
+    // 4 s, which keeps the share for 8 s when no report comes.
+    let text = "abcd".repeat(20_000);
+    let body = chat_body_tokens("m1", Some("long"), &text, true, 40);
+    let u = url(&lab);
+    let (headers_tx, headers_rx) = mpsc::channel();
+    let reader = thread::spawn(move || {
+        let mut r = client()
+            .post(&u)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .expect("a response");
+        headers_tx.send(r.status().as_u16()).unwrap();
+        let mut all = String::new();
+        r.read_to_string(&mut all).expect("the stream");
+        all
+    });
+    wait_until("the replica prefills", Duration::from_secs(10), || {
+        engine_counter(&lab, "vllm:prompt_tokens_total") > 0.0
+    });
+    let queued = queued_tokens(&lab).expect("snapshot");
+    assert_eq!(
+        engine_counter(&lab, "vllm:generation_tokens_total"),
+        0.0,
+        "still prefilling when fleetroute was asked"
+    );
+    assert!(
+        queued >= 20_000,
+        "the prompt is queued while it prefills: {queued}"
+    );
+    assert!(
+        headers_rx.try_recv().is_err(),
+        "the engine's early headers reached the client before the first token"
+    );
+    assert_eq!(
+        headers_rx.recv_timeout(Duration::from_secs(20)),
+        Ok(200),
+        "headers with the first token"
+    );
+    wait_until(
+        "the prefill share ends at the first token",
+        Duration::from_secs(2),
+        || queued_tokens(&lab) == Some(0),
+    );
+    assert!(
+        engine_counter(&lab, "vllm:generation_tokens_total") < 40.0,
+        "the stream still decodes"
+    );
+    let m = metrics(&lab);
+    let ended = |r: &str| {
+        metric_sum(
+            &m,
+            "fleetroute_prefill_ended_total",
+            &[&format!("result=\"{r}\"")],
+        )
+    };
+    assert_eq!((ended("first_byte"), ended("estimate")), (1.0, 0.0), "{m}");
+    assert_eq!(
+        lab.router_inflight(),
+        Some(1),
+        "the request still holds its slot"
+    );
+    let all = reader.join().unwrap();
+    assert!(all.contains("[DONE]"), "{all}");
 }
 
 #[test]

@@ -6,6 +6,10 @@
 use std::collections::HashMap;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::{
+    BodySendMode, HeaderSendMode,
+};
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
     ProcessingResponse, TrailersResponse, processing_request::Request,
@@ -108,7 +112,12 @@ pub fn route(
             ),
         ]),
     };
-    let mut set_headers = vec![header(contract::CLUSTER, fleet.name.clone())];
+    let mut set_headers = vec![
+        header(contract::CLUSTER, fleet.name.clone()),
+        // The rename root holds the response headers until the first body
+        // byte, so the response headers below arrive with the first token.
+        header(contract::FIRST_BYTE, "1".into()),
+    ];
     let mut remove_headers = Vec::new();
     if let Some(s) = d.shadow {
         // The route mirrors to the cluster this header names.
@@ -139,9 +148,25 @@ pub fn route(
             }),
         })),
         dynamic_metadata: Some(metadata),
+        mode_override: Some(FIRST_BYTE_MODE),
         ..Default::default()
     }
 }
+
+/// What a routed request's stream asks of Envoy next: its response headers
+/// (sent at the first token, see [`contract::FIRST_BYTE`]), which end the
+/// replica's prefill share of the request; nothing else. Envoy applies it
+/// only with `allow_mode_override` (the shipped configs list exactly this
+/// mode in `allowed_override_modes`); without it the prefill share ends at
+/// its estimate.
+pub const FIRST_BYTE_MODE: ProcessingMode = ProcessingMode {
+    request_header_mode: HeaderSendMode::Skip as i32,
+    response_header_mode: HeaderSendMode::Send as i32,
+    request_body_mode: BodySendMode::None as i32,
+    response_body_mode: BodySendMode::None as i32,
+    request_trailer_mode: HeaderSendMode::Skip as i32,
+    response_trailer_mode: HeaderSendMode::Skip as i32,
+};
 
 /// The answer to `GET /v1/models`: the topology's list, built when the
 /// config was loaded (no JSON is made or read per request).

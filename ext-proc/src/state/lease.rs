@@ -4,8 +4,10 @@
 //! derived from the request (prefill of what is queued plus its own prompt,
 //! then `max_tokens` at a slow decode rate; floor and ceiling from the
 //! config), and earlier when the engine reports fewer requests than the
-//! router holds (`reconcile`). Prefill is a shorter sub-lease: the log only
-//! arrives at the end, so the prefill share ends at its own estimate.
+//! router holds (`reconcile`). Prefill is a shorter sub-lease: it ends when
+//! Envoy reports the response's first body byte on the request's ext_proc
+//! stream (`first_byte`), and at its own estimate when that report does not
+//! come (the log only arrives at the end).
 //!
 //! A lease also carries the request's tenant `Charge`: the access log entry
 //! that ends the lease commits it with the real usage; a lease that ends any
@@ -58,6 +60,14 @@ impl Lease {
     pub fn take_charge(&self) -> Option<Charge> {
         self.charge.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
+}
+
+fn count(family: &Family<ResultLabel, Counter>, result: &str) {
+    family
+        .get_or_create(&ResultLabel {
+            result: result.into(),
+        })
+        .inc();
 }
 
 /// An expired charge waiting for a late entry.
@@ -129,10 +139,16 @@ pub struct Leases {
     prefill: Cache<u64, Arc<Lease>>,
     late: Cache<u64, Late>,
     released: Family<ResultLabel, Counter>,
+    prefill_ended: Family<ResultLabel, Counter>,
 }
 
 impl Leases {
-    pub fn new(released: Family<ResultLabel, Counter>) -> Self {
+    /// `released` counts leases by how they ended, `prefill_ended` their
+    /// prefill shares.
+    pub fn new(
+        released: Family<ResultLabel, Counter>,
+        prefill_ended: Family<ResultLabel, Counter>,
+    ) -> Self {
         let counted = released.clone();
         let late: Cache<u64, Late> = Cache::builder()
             .max_capacity(MAX_LATE)
@@ -156,19 +172,33 @@ impl Leases {
                     .inc();
             })
             .build();
+        let estimated = prefill_ended.clone();
         let prefill = Cache::builder()
             .max_capacity(MAX_LEASES)
             .expire_after(PrefillBound)
-            .eviction_listener(|_, l: Arc<Lease>, _| l.guard.prefill_done())
+            .eviction_listener(move |_, l: Arc<Lease>, cause| {
+                l.guard.prefill_done();
+                if cause == RemovalCause::Expired {
+                    estimated
+                        .get_or_create(&ResultLabel {
+                            result: "estimate".into(),
+                        })
+                        .inc();
+                }
+            })
             .build();
         for r in ["logged", "expired", "evicted", "reconciled"] {
             drop(released.get_or_create(&ResultLabel { result: r.into() }));
+        }
+        for r in ["first_byte", "estimate", "request_end"] {
+            drop(prefill_ended.get_or_create(&ResultLabel { result: r.into() }));
         }
         Leases {
             whole,
             prefill,
             late,
             released,
+            prefill_ended,
         }
     }
 
@@ -198,11 +228,25 @@ impl Leases {
     /// The access log reported the request's end: release its load now.
     /// `None` when the lease already ended (by its bound or reconciliation).
     pub fn end(&self, nonce: u64) -> Option<Arc<Lease>> {
-        self.prefill.invalidate(&nonce);
+        if self.prefill.remove(&nonce).is_some() {
+            count(&self.prefill_ended, "request_end");
+        }
         let lease = self.whole.remove(&nonce)?;
         lease.guard.release();
         self.count("logged");
         Some(lease)
+    }
+
+    /// The replica sent the request's first body byte: its prefill is over.
+    /// False when the prefill share had already ended (by its estimate, or
+    /// with the whole lease).
+    pub fn first_byte(&self, nonce: u64) -> bool {
+        let Some(lease) = self.prefill.remove(&nonce) else {
+            return false;
+        };
+        lease.guard.prefill_done();
+        count(&self.prefill_ended, "first_byte");
+        true
     }
 
     /// The charge of a lease that ended before its entry arrived (expired,
@@ -219,11 +263,7 @@ impl Leases {
     }
 
     fn count(&self, result: &str) {
-        self.released
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .inc();
+        count(&self.released, result);
     }
 
     /// Runs expirations (called on the writer's tick).
@@ -327,7 +367,7 @@ mod tests {
     #[test]
     fn a_lost_entry_cannot_leak_load() {
         let load = Arc::new(ReplicaLoad::default());
-        let leases = Leases::new(Family::default());
+        let leases = Leases::new(Family::default(), Family::default());
         let c = LeaseConfig {
             min_ms: 30,
             max_ms: 30,
@@ -367,10 +407,37 @@ mod tests {
     }
 
     #[test]
+    fn the_first_byte_ends_the_prefill_share_and_keeps_the_request() {
+        let load = Arc::new(ReplicaLoad::default());
+        let leases = Leases::new(Family::default(), Family::default());
+        // Long bounds: only the report may end the prefill share here.
+        let long = LeaseInput {
+            prefill_tokens: 100_000,
+            ..Default::default()
+        };
+        leases.hold(1, load.start(700), DECIDED, &cfg(), &long, None);
+        leases.hold(2, load.start(300), DECIDED, &cfg(), &long, None);
+        assert!(leases.first_byte(1));
+        assert!(!leases.first_byte(1), "once");
+        assert!(!leases.first_byte(7), "an unknown nonce ends nothing");
+        assert_eq!(
+            (load.inflight(), load.prefilling(), load.pending_prefill()),
+            (2, 1, 300)
+        );
+        assert!(leases.end(1).is_some(), "the request still runs");
+        assert!(leases.end(2).is_some());
+        assert!(!leases.first_byte(2), "nothing after the end");
+        assert_eq!(
+            (load.inflight(), load.prefilling(), load.pending_prefill()),
+            (0, 0, 0)
+        );
+    }
+
+    #[test]
     fn reconcile_releases_only_the_old_surplus() {
         let load = Arc::new(ReplicaLoad::default());
         let other = Arc::new(ReplicaLoad::default());
-        let leases = Leases::new(Family::default());
+        let leases = Leases::new(Family::default(), Family::default());
         let c = cfg();
         for n in 0..3 {
             leases.hold(n, load.start(0), DECIDED, &c, &LeaseInput::default(), None);

@@ -105,7 +105,10 @@ impl Writer {
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(first),
             events: tx,
-            leases: Leases::new(metrics.leases_released.clone()),
+            leases: Leases::new(
+                metrics.leases_released.clone(),
+                metrics.prefill_ended.clone(),
+            ),
             decisions: Mutex::default(),
             metrics,
             replica_view: tokio::sync::watch::Sender::new(0),

@@ -1,6 +1,6 @@
 //! The completion handlers: queue for a batch slot, then for the prefill lane,
 //! look up and fill the prefix cache, sleep for prefill, then decode (all at
-//! once, or a chunk per token).
+//! once, or a chunk per token; a stream's headers go out before all this).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -91,48 +91,119 @@ async fn complete(
     let blocks = block_hashes(&params.canonical, rep.settings.block_bytes, usize::MAX);
     let completion_tokens = params.max_tokens.unwrap_or(rep.settings.default_max_tokens);
 
-    let slot = rep.admit().await;
-    // The cache is read when this prompt's prefill starts, after the prompts
-    // ahead of it in the lane have filled it.
-    let lane = rep.prefill_lane().await;
-    let cached_tokens = {
-        let mut cache = rep.cache();
-        let matched = cache.serve(&blocks);
-        cache.cached_tokens(matched, prompt_tokens)
-    };
-    rep.stats.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
-    rep.stats.cached_tokens.fetch_add(cached_tokens, Relaxed);
-    let prefill = rep.latency().prefill_ms(prompt_tokens - cached_tokens);
-    pause(prefill).await;
-    drop(lane);
-
-    let created = SystemTime::now().duration_since(UNIX_EPOCH);
-    let job = Job {
-        reply: Reply {
-            endpoint,
-            id: rep.next_id(endpoint.id_prefix()),
-            created: created.map_or(0, |d| d.as_secs()),
-            model: params.model.clone(),
-        },
-        output: Output::new(&params.model, &params.canonical),
-        usage: Usage {
-            prompt_tokens,
-            completion_tokens,
-            cached_tokens,
-        },
-        // A client-set limit is what ends the output; otherwise it ends by itself.
-        finish_reason: params.max_tokens.map_or("stop", |_| "length"),
-        die_at: rep
-            .fault()
-            .die_after_tokens
-            .filter(|&n| n < completion_tokens),
+    let prep = Prepared {
         rep,
-        _slot: slot,
+        endpoint,
+        params,
+        prompt_tokens,
+        blocks,
+        completion_tokens,
     };
-    if params.stream {
-        job.stream(params.include_usage)
+    if prep.params.stream {
+        prep.stream()
     } else {
-        job.whole(kill).await
+        prep.prefill().await.whole(kill).await
+    }
+}
+
+/// A parsed request before it holds a batch slot.
+struct Prepared {
+    rep: Arc<Replica>,
+    endpoint: Endpoint,
+    params: Params,
+    prompt_tokens: u64,
+    blocks: Vec<u64>,
+    completion_tokens: u64,
+}
+
+impl Prepared {
+    /// Waits for a batch slot and the prefill lane, then prefills.
+    async fn prefill(self) -> Job {
+        let Prepared {
+            rep,
+            endpoint,
+            params,
+            prompt_tokens,
+            blocks,
+            completion_tokens,
+        } = self;
+        let slot = rep.admit().await;
+        // The cache is read when this prompt's prefill starts, after the
+        // prompts ahead of it in the lane have filled it.
+        let lane = rep.prefill_lane().await;
+        let cached_tokens = {
+            let mut cache = rep.cache();
+            let matched = cache.serve(&blocks);
+            cache.cached_tokens(matched, prompt_tokens)
+        };
+        rep.stats.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
+        rep.stats.cached_tokens.fetch_add(cached_tokens, Relaxed);
+        let prefill = rep.latency().prefill_ms(prompt_tokens - cached_tokens);
+        pause(prefill).await;
+        drop(lane);
+
+        let created = SystemTime::now().duration_since(UNIX_EPOCH);
+        Job {
+            reply: Reply {
+                endpoint,
+                id: rep.next_id(endpoint.id_prefix()),
+                created: created.map_or(0, |d| d.as_secs()),
+                model: params.model.clone(),
+            },
+            output: Output::new(&params.model, &params.canonical),
+            usage: Usage {
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            },
+            // A client-set limit is what ends the output; otherwise it ends by itself.
+            finish_reason: params.max_tokens.map_or("stop", |_| "length"),
+            die_at: rep
+                .fault()
+                .die_after_tokens
+                .filter(|&n| n < completion_tokens),
+            rep,
+            _slot: slot,
+        }
+    }
+
+    /// An SSE answer. Its headers go out at once, before the request is
+    /// queued or prefilled (as vLLM's and SGLang's servers send them); then
+    /// one event per token as it is decoded. Dropping the body (client gone)
+    /// leaves the queue or frees the batch slot.
+    fn stream(self) -> Response {
+        let include_usage = self.params.include_usage;
+        let events = async_stream::stream! {
+            let job = self.prefill().await;
+            let n = job.usage.completion_tokens;
+            let mut at = Instant::now();
+            for i in 0..n {
+                at += duration(job.rep.latency().decode_ms(1));
+                sleep_until(at).await;
+                if job.die_at == Some(i) {
+                    // Let the connection flush what was sent before it breaks.
+                    tokio::task::yield_now().await;
+                    yield Err(std::io::Error::other("replica died mid-stream (injected fault)"));
+                    return;
+                }
+                job.rep.stats.generation_tokens.fetch_add(1, Relaxed);
+                let finish = (i + 1 == n).then_some(job.finish_reason);
+                yield Ok(job.reply.chunk(i, &job.output.token(i), finish));
+            }
+            if include_usage {
+                yield Ok(job.reply.usage_chunk(job.usage));
+            }
+            job.rep.stats.success.fetch_add(1, Relaxed);
+            yield Ok(Bytes::from_static(SSE_DONE));
+        };
+        (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            Body::from_stream(events),
+        )
+            .into_response()
     }
 }
 
@@ -152,40 +223,5 @@ impl Job {
         let text = self.output.text(self.usage.completion_tokens);
         self.rep.stats.success.fetch_add(1, Relaxed);
         Json(self.reply.full(&text, self.finish_reason, self.usage)).into_response()
-    }
-
-    /// An SSE answer, one event per token as it is decoded. Dropping the body
-    /// (client gone) frees the batch slot.
-    fn stream(self, include_usage: bool) -> Response {
-        let events = async_stream::stream! {
-            let n = self.usage.completion_tokens;
-            let mut at = Instant::now();
-            for i in 0..n {
-                at += duration(self.rep.latency().decode_ms(1));
-                sleep_until(at).await;
-                if self.die_at == Some(i) {
-                    // Let the connection flush what was sent before it breaks.
-                    tokio::task::yield_now().await;
-                    yield Err(std::io::Error::other("replica died mid-stream (injected fault)"));
-                    return;
-                }
-                self.rep.stats.generation_tokens.fetch_add(1, Relaxed);
-                let finish = (i + 1 == n).then_some(self.finish_reason);
-                yield Ok(self.reply.chunk(i, &self.output.token(i), finish));
-            }
-            if include_usage {
-                yield Ok(self.reply.usage_chunk(self.usage));
-            }
-            self.rep.stats.success.fetch_add(1, Relaxed);
-            yield Ok(Bytes::from_static(SSE_DONE));
-        };
-        (
-            [
-                (header::CONTENT_TYPE, "text/event-stream"),
-                (header::CACHE_CONTROL, "no-cache"),
-            ],
-            Body::from_stream(events),
-        )
-            .into_response()
     }
 }
