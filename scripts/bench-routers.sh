@@ -218,6 +218,8 @@ for w in $WORKLOADS; do
         if [ "$r" = fleetroute ]; then
           curl -fs "http://127.0.0.1:$fr_admin/debug/decisions?limit=4096" \
             > "$out/decisions-$w-${rate}x-$k.json" || true
+          curl -fs "http://127.0.0.1:$fr_admin/metrics" \
+            > "$out/metrics-$w-${rate}x-$k.txt" || true
         fi
         stop_all
         for p in $router_port $ctl "${eps[@]##*:}"; do wait_closed "$p"; done

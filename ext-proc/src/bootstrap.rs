@@ -132,6 +132,15 @@ pub fn render(
             *get_mut(tc, &["config", "vm_config", "code", "local", "filename"])? = key(&opts.wasm);
         } else if name == "envoy.filters.http.ext_proc" && tc.get("observability_mode").is_none() {
             *get_mut(tc, &["failure_mode_allow"])? = Value::Bool(!opts.fail_closed);
+            if opts.fail_closed {
+                // Failing closed, a report that cannot reach fleetroute
+                // would fail a response already under way: the prefill
+                // share then ends at its estimate instead.
+                if let Some(m) = tc.as_mapping_mut() {
+                    m.remove("allow_mode_override");
+                    m.remove("allowed_override_modes");
+                }
+            }
             if let Some(h) = &cfg.admission.priority_header {
                 // Admission reads the client's priority header.
                 get_mut(tc, &["forward_rules", "allowed_headers", "patterns"])?
@@ -458,6 +467,10 @@ mod tests {
         .unwrap();
         assert_eq!(out.matches("failure_mode_allow: false").count(), 1);
         assert_eq!(out.matches("failure_mode_allow: true").count(), 0);
+        // No response-time report that could fail a response.
+        assert!(!out.contains("allow_mode_override"), "{out}");
+        let open = render(TEMPLATE, &cfg, &opts()).unwrap();
+        assert_eq!(open.matches("allow_mode_override: true").count(), 1);
     }
 
     fn clusters(out: &str) -> Vec<Value> {
