@@ -75,14 +75,22 @@ pub fn router(state: AdminState) -> Router {
         .with_state(state)
 }
 
-/// Ready once every replica has been probed at least once; then it stays
-/// ready (replicas that join later are probed while the router serves).
+/// Ready once every DNS or Kubernetes fleet's source has answered and every
+/// replica has been probed at least once; then it stays ready (replicas that
+/// join later are probed while the router serves).
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    let unprobed = match s.ready.load(Ordering::Relaxed) {
-        true => 0,
-        false => views::unprobed(&s.shared.snapshot()),
-    };
-    match unprobed {
+    if s.ready.load(Ordering::Relaxed) {
+        return (StatusCode::OK, "ready\n".to_string());
+    }
+    let snap = s.shared.snapshot();
+    let unheard = views::unanswered_sources(&snap, &s.shared.metrics.sources);
+    if !unheard.is_empty() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("membership not known yet for fleets {unheard:?}\n"),
+        );
+    }
+    match views::unprobed(&snap) {
         0 => {
             s.ready.store(true, Ordering::Relaxed);
             (StatusCode::OK, "ready\n".to_string())

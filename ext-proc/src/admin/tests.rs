@@ -479,3 +479,67 @@ async fn tenants_are_read_and_changed_through_the_api() {
     assert_eq!(status, 404, "no named entry to remove");
     drop(held);
 }
+
+/// A DNS fleet has no members before its first answer, so "every replica
+/// probed" alone would say ready with nothing to route to.
+#[tokio::test]
+async fn ready_waits_for_the_first_membership_answer_then_the_probes() {
+    use crate::membership::Member;
+    use crate::state::Event;
+    use crate::topology::{FleetId, ReplicaId};
+    const DNS: &str = "\
+health_check: { healthy_threshold: 1 }
+fleets:
+  - { name: pool, region: us, dns: { name: pool.test, port: 80 } }
+stages: [{ name: s, models: [m], fleets: [pool] }]
+";
+    let cfg = RouterConfig::parse_valid(DNS).unwrap();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let (shared, mut writer) = Writer::new(&cfg);
+    let app = router(AdminState::new(
+        shared.clone(),
+        Reloader::new(shared.clone(), file.path().to_path_buf()),
+        None,
+    ));
+    let api = Api { app, shared, file };
+    let now = std::time::Instant::now();
+
+    let (status, text) = call(&api, "GET", api::READY, "", None).await;
+    assert_eq!((status, text.contains("pool")), (503, true), "{text}");
+
+    let members = vec![Member::by_addr("10.0.0.1:80".parse().unwrap())];
+    let source = cfg.fleets[0].source();
+    writer.apply(
+        Event::Membership {
+            fleet: "pool".into(),
+            source,
+            members,
+        },
+        now,
+    );
+    let (status, text) = call(&api, "GET", api::READY, "", None).await;
+    assert_eq!(status, 503, "members known, none probed: {text}");
+    assert!(text.contains("1 replicas not probed"), "{text}");
+
+    let generation = api.shared.snapshot().topo.generation;
+    api.shared.emit(Event::Health {
+        generation,
+        fleet: FleetId(0),
+        replica: ReplicaId(0),
+        ok: true,
+    });
+    writer.drain(now);
+    let (status, text) = call(&api, "GET", api::READY, "", None).await;
+    assert_eq!(status, 200, "{text}");
+}
+
+/// A source whose first lookup fails leaves the fleet empty; the router is
+/// ready anyway (its stages fail over), rather than never.
+#[tokio::test]
+async fn a_failed_first_lookup_counts_as_an_answer() {
+    let api = api(WriterIs::Running, None);
+    let c = api.shared.metrics.sources.counters("x");
+    assert!(!c.answered());
+    crate::membership::SourceCounters::bump(&c.failures);
+    assert!(c.answered());
+}

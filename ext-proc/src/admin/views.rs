@@ -122,6 +122,18 @@ pub fn snapshot_view(snap: &Snapshot) -> SnapshotView {
     }
 }
 
+/// Fleets whose membership source has not answered yet (`/ready` waits for
+/// none): before its first answer a DNS or Kubernetes fleet has no members,
+/// so it would count no replica as unprobed.
+pub fn unanswered_sources(snap: &Snapshot, sources: &crate::metrics::SourceMetrics) -> Vec<String> {
+    snap.config
+        .fleets
+        .iter()
+        .filter(|f| f.source().is_dynamic() && !sources.counters(&f.name).answered())
+        .map(|f| f.name.clone())
+        .collect()
+}
+
 /// Replicas not probed yet (`/ready` waits for none).
 pub fn unprobed(snap: &Snapshot) -> usize {
     snap.replicas

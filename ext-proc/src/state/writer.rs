@@ -260,6 +260,11 @@ impl Writer {
             } => {
                 self.on_membership(&fleet, &source, &members, now);
                 self.publish_if_dirty(now);
+                // After the publish: `/ready` must find these members in the snapshot.
+                let counters = self.shared.metrics.sources.counters(&fleet);
+                counters
+                    .applied
+                    .store(true, std::sync::atomic::Ordering::Release);
             }
             Event::Change { change, reply } => {
                 let result = self.change(*change, now);
