@@ -12,6 +12,9 @@
 #   sglang-ca   sglang-router, policy cache_aware
 #   vllm-ca     vllm-router, policy cache_aware
 #   fleetroute  real Envoy + the Wasm filter + fleetroute (fleetroute bootstrap)
+#   fleetroute-nofb  the same without the first-byte report (Envoy's
+#               allow_mode_override removed): prefill shares end at their
+#               estimate; not in the default list
 #
 #   scripts/bench-routers.sh            # full: 3 workloads x 1, 1.5, 2, 4x, both key modes
 #   scripts/bench-routers.sh --quick    # short: 150 requests, 1x and 4x, content only
@@ -166,12 +169,36 @@ start_router() {
       wait_for "$1" "http://127.0.0.1:$router_port/health"
       target="http://127.0.0.1:$router_port"
       ;;
-    fleetroute)
+    fleetroute | fleetroute-nofb)
       fleetroute_config > "$out/router.yaml"
       "$bin/fleetroute" check-config "$out/router.yaml" >&2
       "$bin/fleetroute" bootstrap --config "$out/router.yaml" --wasm "$wasm" \
         --listen "127.0.0.1:$router_port" --envoy-admin "127.0.0.1:$envoy_admin" \
         --grpc "127.0.0.1:$grpc" > "$out/envoy.yaml"
+      if [ "$1" = fleetroute-nofb ]; then
+        # Drop the override and the list of modes it may ask for.
+        python3 - "$out/envoy.yaml" "$out/envoy-nofb.yaml" <<'PY'
+import sys, yaml
+doc = yaml.safe_load(open(sys.argv[1]))
+found = 0
+def strip(node):
+    global found
+    if isinstance(node, dict):
+        if node.pop("allow_mode_override", None):
+            node.pop("allowed_override_modes", None)
+            found += 1
+        for v in node.values():
+            strip(v)
+    elif isinstance(node, list):
+        for v in node:
+            strip(v)
+strip(doc)
+if found != 1:
+    sys.exit(f"fleetroute-nofb: {found} allow_mode_override in the config, want 1")
+yaml.safe_dump(doc, open(sys.argv[2], "w"), sort_keys=False)
+PY
+        mv "$out/envoy-nofb.yaml" "$out/envoy.yaml"
+      fi
       "$bin/fleetroute" serve --config "$out/router.yaml" --grpc "127.0.0.1:$grpc" \
         --admin "127.0.0.1:$fr_admin" --envoy-admin "127.0.0.1:$envoy_admin" \
         > "$out/fleetroute.log" 2>&1 &
@@ -206,7 +233,7 @@ for w in $WORKLOADS; do
       for r in $ROUTERS; do
         case $r in sglang-*) [ $have_sglang = 1 ] || continue ;; vllm-*) [ $have_vllm = 1 ] || continue ;; esac
         # A router that reads no key gets the content-only run once.
-        if [ "$k" = cachekey ] && [ "$r" != fleetroute ]; then continue; fi
+        if [ "$k" = cachekey ] && [ "${r%-nofb}" != fleetroute ]; then continue; fi
         echo "==> $w ${rate}x $k $r" >&2
         start_engines
         start_router "$r"
@@ -215,11 +242,11 @@ for w in $WORKLOADS; do
           --compress "$COMPRESS" --label "$w ${rate}x $k $r" "${flag[@]}" | tee -a "$results" >&2 \
           || echo "run $w ${rate}x $k $r failed or timed out" >&2
         # fleetroute's newest decisions (what picked each replica), for diagnosis.
-        if [ "$r" = fleetroute ]; then
+        if [ "${r%-nofb}" = fleetroute ]; then
           curl -fs "http://127.0.0.1:$fr_admin/debug/decisions?limit=4096" \
-            > "$out/decisions-$w-${rate}x-$k.json" || true
+            > "$out/decisions-$w-${rate}x-$k-$r.json" || true
           curl -fs "http://127.0.0.1:$fr_admin/metrics" \
-            > "$out/metrics-$w-${rate}x-$k.txt" || true
+            > "$out/metrics-$w-${rate}x-$k-$r.txt" || true
         fi
         stop_all
         for p in $router_port $ctl "${eps[@]##*:}"; do wait_closed "$p"; done
