@@ -24,7 +24,7 @@
 # CACHE_TOKENS (500000), SKIP_BUILD=1, BIN_DIR (target/release), BASE_PORT
 # (18000; two runs at once need different ones), OUT (target/bench-routers),
 # SHARE_FACTOR (1.1: fleetroute's new-conversation share bound; 0 = off),
-# SHARE_FLOOR (fleetroute's default unless set).
+# SHARE_FLOOR, SHARE_WAIT (share_wait_tokens) (fleetroute's defaults unless set).
 # Results: one JSON line per run in $OUT/results.jsonl and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -139,7 +139,7 @@ stages:
     fleets: [pool]
     # Conversations here open with shared system prompts: balance where
     # new ones start (README, Routing).
-    replica_choice: { share_factor: ${SHARE_FACTOR:-1.1}${SHARE_FLOOR:+, share_floor: $SHARE_FLOOR} }
+    replica_choice: { share_factor: ${SHARE_FACTOR:-1.1}${SHARE_FLOOR:+, share_floor: $SHARE_FLOOR}${SHARE_WAIT:+, share_wait_tokens: $SHARE_WAIT} }
 YAML
 }
 

@@ -179,6 +179,7 @@ impl Default for ReplicaChoiceConfig {
             load_slack_tokens: 32768.0,
             share_factor: 1.1,
             share_slack: 2.0,
+            share_wait_tokens: 32768.0,
             share_floor: 0.5,
         }
     }

@@ -307,6 +307,11 @@ pub struct ReplicaChoiceConfig {
     pub share_factor: f64,
     /// ...plus this many requests.
     pub share_slack: f64,
+    /// ...but not when the replica's queue is shorter, by more than this
+    /// many prefill tokens, than that of every replica within its share: the
+    /// bound balances the turns to come and may make a request wait at most
+    /// this much for it.
+    pub share_wait_tokens: f64,
     /// A replica whose recent requests are below this fraction of the
     /// fleet's mean, less `share_slack`, is scored for a new conversation as
     /// if it held the conversation's opening (0 never; at most 1).

@@ -11,7 +11,7 @@ use futures::executor::block_on;
 use super::decide;
 use super::key::RouteKey;
 use super::place::place;
-use crate::config::RouterConfig;
+use crate::config::{ReplicaChoiceConfig, RouterConfig};
 use crate::state::{Shared, Writer};
 use crate::topology::{FleetId, ReplicaId};
 
@@ -270,4 +270,46 @@ fn a_chat_holding_a_reply_keeps_to_its_opening_whatever_its_key() {
     };
     assert_eq!(moved(true), 0, "a continued chat left its opening");
     assert!(moved(false) > 0, "set-up: the bound moved no unmarked turn");
+}
+
+#[test]
+fn the_share_makes_a_request_wait_at_most_share_wait_tokens() {
+    // Where a new conversation goes when the only replica past its share has
+    // an empty queue and every other one has `queued` prefill tokens.
+    let placed_on_busy = |queued: u32| {
+        let (shared, mut w) = rig("{}");
+        // One running conversation takes its replica far past its share.
+        let (busy, _) = route(&shared, &mut w, turn(7, 0), 7);
+        for t in 1..30 {
+            route(&shared, &mut w, turn(7, t), t);
+        }
+        // Every other replica is given a long prefill, held.
+        let mut held = Vec::new();
+        for c in 100..100 + REPLICAS as u64 - 1 {
+            let mut k = turn(c, 0);
+            k.prompt_tokens = queued;
+            let p = block_on(place(&shared, k, c)).unwrap();
+            assert_ne!(
+                *p.decision.replicas.head(),
+                busy,
+                "set-up: queued on the busy one"
+            );
+            held.push(p.guard);
+            w.drain(Instant::now());
+        }
+        let d = decide(&shared.snapshot(), &turn(200, 0), 200).unwrap();
+        drop(held);
+        (*d.replicas.head() == busy, d.pick)
+    };
+    let wait = ReplicaChoiceConfig::default().share_wait_tokens as u32;
+    // Behind more than `share_wait_tokens`: the empty queue, past its share.
+    let (on_busy, pick) = placed_on_busy(wait + 8_000);
+    assert!(
+        on_busy,
+        "the bound made a request wait past the limit ({pick})"
+    );
+    // Behind less: the bound holds and the request waits.
+    let (on_busy, pick) = placed_on_busy(wait - 8_000);
+    assert!(!on_busy, "the bound let a short wait through ({pick})");
+    assert_eq!(pick, "share");
 }

@@ -201,6 +201,7 @@ fn replica_choice(rc: &ReplicaChoiceConfig, p: &str, e: &mut Errors) {
         ("tie_tokens", rc.tie_tokens),
         ("load_slack_tokens", rc.load_slack_tokens),
         ("share_slack", rc.share_slack),
+        ("share_wait_tokens", rc.share_wait_tokens),
     ] {
         e.non_negative(format!("{p}.{field}"), v);
     }

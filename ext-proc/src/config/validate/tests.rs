@@ -100,6 +100,13 @@ fn errors_name_the_field_path() {
             "stages[0].replica_choice.share_floor: 1.5 must be between 0 and 1",
         ),
         (
+            GOOD.replace(
+                "routing: { policy: priority, order: [gb200-rack, h200-burst] }",
+                "replica_choice: { share_wait_tokens: -1 }",
+            ),
+            "stages[0].replica_choice.share_wait_tokens: must be a finite number >= 0",
+        ),
+        (
             GOOD.replace("order: [gb200-rack, h200-burst]", "resume_below: 1"),
             "stages[0].routing.resume_below: must be between 0 and 1 (exclusive)",
         ),

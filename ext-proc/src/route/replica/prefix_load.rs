@@ -48,7 +48,9 @@
 //! conversation, whatever its key says. A replica well under its share is
 //! scored as if it held the opening (it pays for that once, not per
 //! conversation). A prompt with nothing past its opening is not taken by a
-//! replica past its share, unless that replica is its key's home.
+//! replica past its share, unless that replica is its key's home. The share makes a request wait at
+//! most `share_wait_tokens` of prefill: a replica past it whose queue is
+//! shorter, by more than that, than every replica within it is not skipped.
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -197,6 +199,22 @@ pub fn choose(
         for s in &mut scored {
             let exempt = short && Some(s.replica) == home;
             s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
+        }
+        // The share balances the turns to come; it makes this request wait
+        // at most `share_wait_tokens` for it. A replica past its share whose
+        // queue is shorter, by more than that, than every replica within its
+        // share is not skipped: with prompts of very different lengths
+        // (one-shot requests), equal request counts are unequal work, and
+        // skipping the short queue would put the request behind a longer one.
+        // The queues are exact here because the first body byte ends a
+        // request's prefill share (`Leases::first_byte`).
+        let shortest_within = scored
+            .iter()
+            .filter(|s| !s.overloaded && !s.over_share)
+            .map(|s| s.queued)
+            .fold(f64::INFINITY, f64::min);
+        for s in &mut scored {
+            s.over_share &= s.queued + cfg.share_wait_tokens >= shortest_within;
             s.overloaded |= s.over_share;
         }
     }
