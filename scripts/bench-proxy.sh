@@ -16,6 +16,9 @@
 #   6. full chain, 1 s  the full chain with Envoy's default access log flush
 #                       interval (1 s) instead of the template's 50 ms: what
 #                       fresh figures cost
+#   7. no first byte    the full chain without the response-header report
+#                       (no allow_mode_override): what ending prefill shares
+#                       at the first byte costs
 # Then a prompt-size sweep at one connection (plain, filter, full chain):
 # p50/p99 per prompt size, to see what the chain adds as prompts grow.
 # The engine is told to answer at once (max_tokens 1, next to no prefill or
@@ -50,7 +53,7 @@ lua=scripts/bench-proxy.lua
 . scripts/lib/bench.sh
 need_tools
 need_files "$bin/fleetroute" "$bin/fleetroute-engine" "$wasm"
-read -r -a ports < <(free_ports 19)
+read -r -a ports < <(free_ports 21)
 base1=${ports[0]} base2=${ports[1]} burst1=${ports[2]} burst2=${ports[3]}
 control=${ports[4]} grpc=${ports[5]} admin=${ports[6]}
 # Each setup gets its own listener and admin port: no wait for the previous
@@ -61,6 +64,7 @@ listen_full=${ports[11]} admin_full=${ports[12]}
 listen_route=${ports[13]} admin_route=${ports[14]}
 listen_old=${ports[15]} admin_old=${ports[16]}
 listen_slow=${ports[17]} admin_slow=${ports[18]}
+listen_nofb=${ports[19]} admin_nofb=${ports[20]}
 
 # --- router config: the demo's, on this run's replica ports ------------------
 python3 - envoy-config/router.yaml "$run/router.yaml" \
@@ -160,9 +164,10 @@ PY
 # observing every response costs. 5. old observer: routing only plus the
 # former observing ext_proc filter (a second gRPC stream per request).
 python3 - "$run/full.yaml" "$run" "$admin_route" "$listen_route" "$admin_old" "$listen_old" \
-  "$admin_slow" "$listen_slow" << 'PY'
+  "$admin_slow" "$listen_slow" "$admin_nofb" "$listen_nofb" << 'PY'
 import copy, sys, yaml
-full_path, out, admin_route, listen_route, admin_old, listen_old, admin_slow, listen_slow = sys.argv[1:]
+(full_path, out, admin_route, listen_route, admin_old, listen_old, admin_slow, listen_slow,
+ admin_nofb, listen_nofb) = sys.argv[1:]
 full = yaml.safe_load(open(full_path))
 
 def variant(admin, listen, keep_log=False):
@@ -179,6 +184,16 @@ def variant(admin, listen, keep_log=False):
 slow, hcm = variant(admin_slow, listen_slow, keep_log=True)
 hcm["access_log"][0]["typed_config"]["common_config"]["buffer_flush_interval"] = "1s"
 yaml.safe_dump(slow, open(f"{out}/slow.yaml", "w"), sort_keys=False)
+
+nofb, hcm = variant(admin_nofb, listen_nofb, keep_log=True)
+for f in hcm["http_filters"]:
+    tc = f.get("typed_config", {})
+    if tc.pop("allow_mode_override", None):
+        del tc["allowed_override_modes"]
+        break
+else:
+    raise SystemExit("rendered config has no allow_mode_override")
+yaml.safe_dump(nofb, open(f"{out}/nofb.yaml", "w"), sort_keys=False)
 
 route, _ = variant(admin_route, listen_route)
 yaml.safe_dump(route, open(f"{out}/route.yaml", "w"), sort_keys=False)
@@ -206,7 +221,7 @@ yaml.safe_dump(old, open(f"{out}/old.yaml", "w"), sort_keys=False)
 PY
 
 # Reject a broken config before starting anything that depends on it.
-for setup in plain filter route full old slow; do
+for setup in plain filter route full old slow nofb; do
   envoy --mode validate -c "$run/$setup.yaml" --disable-hot-restart --log-level warn \
     > "$run/validate-$setup.log" 2>&1 \
     || { echo "envoy --mode validate rejected $run/$setup.yaml:" >&2; cat "$run/validate-$setup.log" >&2; exit 1; }
@@ -283,10 +298,10 @@ read -r engine_rps engine_p50 engine_p99 < <(to_numbers "$(run_wrk "engine" "$DU
 echo "    $engine_rps req/s, p50 $engine_p50 ms, p99 $engine_p99 ms"
 
 declare -A rps p50 p99 served cpu envoy_us sweep50 sweep99
-order=(plain filter route full old slow)
-declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)" [slow]="full chain, access log flushed every 1 s")
-declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old [slow]=$listen_slow)
-declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old [slow]=$admin_slow)
+order=(plain filter route full old slow nofb)
+declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)" [slow]="full chain, access log flushed every 1 s" [nofb]="full chain without the first-byte report")
+declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old [slow]=$listen_slow [nofb]=$listen_nofb)
+declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old [slow]=$admin_slow [nofb]=$admin_nofb)
 fell_open=0
 log_dropped=0
 
