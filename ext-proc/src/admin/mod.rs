@@ -18,4 +18,4 @@ mod views;
 pub use auth::{admin_token, bearer};
 pub use errors::ApiError;
 pub use server::{AdminState, CHANGE_TIMEOUT, router};
-pub use views::unprobed;
+pub use views::not_ready;

@@ -79,27 +79,13 @@ pub fn router(state: AdminState) -> Router {
 /// replica has been probed at least once; then it stays ready (replicas that
 /// join later are probed while the router serves).
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    if s.ready.load(Ordering::Relaxed) {
-        return (StatusCode::OK, "ready\n".to_string());
-    }
-    let snap = s.shared.snapshot();
-    let unheard = views::unanswered_sources(&snap, &s.shared.metrics.sources);
-    if !unheard.is_empty() {
-        return (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("membership not known yet for fleets {unheard:?}\n"),
-        );
-    }
-    match views::unprobed(&snap) {
-        0 => {
-            s.ready.store(true, Ordering::Relaxed);
-            (StatusCode::OK, "ready\n".to_string())
+    if !s.ready.load(Ordering::Relaxed) {
+        if let Some(why) = views::not_ready(&s.shared) {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
         }
-        n => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("{n} replicas not probed yet\n"),
-        ),
+        s.ready.store(true, Ordering::Relaxed);
     }
+    (StatusCode::OK, "ready\n".to_string())
 }
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {

@@ -122,10 +122,24 @@ pub fn snapshot_view(snap: &Snapshot) -> SnapshotView {
     }
 }
 
-/// Fleets whose membership source has not answered yet (`/ready` waits for
-/// none): before its first answer a DNS or Kubernetes fleet has no members,
-/// so it would count no replica as unprobed.
-pub fn unanswered_sources(snap: &Snapshot, sources: &crate::metrics::SourceMetrics) -> Vec<String> {
+/// Why the router is not ready yet (`/ready`, and gRPC health for Envoy's
+/// checks of the ext_proc cluster): a DNS or Kubernetes fleet whose source
+/// has not answered (before that it has no members, so "every replica
+/// probed" would hold with nothing to route to), or replicas not probed.
+pub fn not_ready(shared: &crate::state::Shared) -> Option<String> {
+    let snap = shared.snapshot();
+    let unheard = unanswered_sources(&snap, &shared.metrics.sources);
+    if !unheard.is_empty() {
+        return Some(format!("membership not known yet for fleets {unheard:?}"));
+    }
+    match unprobed(&snap) {
+        0 => None,
+        n => Some(format!("{n} replicas not probed yet")),
+    }
+}
+
+/// Fleets whose membership source has not answered yet.
+fn unanswered_sources(snap: &Snapshot, sources: &crate::metrics::SourceMetrics) -> Vec<String> {
     snap.config
         .fleets
         .iter()
@@ -134,8 +148,8 @@ pub fn unanswered_sources(snap: &Snapshot, sources: &crate::metrics::SourceMetri
         .collect()
 }
 
-/// Replicas not probed yet (`/ready` waits for none).
-pub fn unprobed(snap: &Snapshot) -> usize {
+/// Replicas not probed yet.
+fn unprobed(snap: &Snapshot) -> usize {
     snap.replicas
         .iter()
         .flat_map(|f| f.values())
