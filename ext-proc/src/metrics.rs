@@ -734,6 +734,13 @@ impl SourceMetrics {
         map.entry(fleet.to_string()).or_default().clone()
     }
 
+    /// Lookups or watch calls of `fleet`'s source that failed so far (0 for
+    /// a fleet with no source).
+    pub fn failures(&self, fleet: &str) -> u64 {
+        let map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());
+        map.get(fleet).map_or(0, |c| c.snapshot().failures)
+    }
+
     /// Forgets the fleets no longer served by a source.
     pub fn retain(&self, keep: impl Fn(&str) -> bool) {
         let mut map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());

@@ -533,13 +533,24 @@ stages: [{ name: s, models: [m], fleets: [pool] }]
     assert_eq!(status, 200, "{text}");
 }
 
-/// A source whose first lookup fails leaves the fleet empty; the router is
-/// ready anyway (its stages fail over), rather than never.
+/// A source that keeps failing holds the router unready only for
+/// `SOURCE_GRACE`; one that has not answered at all (slow, no failure yet)
+/// holds it for as long as that lasts.
 #[tokio::test]
-async fn a_failed_first_lookup_counts_as_an_answer() {
-    let api = api(WriterIs::Running, None);
-    let c = api.shared.metrics.sources.counters("x");
-    assert!(!c.answered());
+async fn a_failing_source_holds_readiness_until_its_grace() {
+    use super::views::{SOURCE_GRACE, not_ready};
+    let cfg = RouterConfig::parse_valid(
+        "fleets:\n  - { name: pool, region: us, dns: { name: pool.test, port: 80 } }\n\
+         stages: [{ name: s, models: [m], fleets: [pool] }]\n",
+    )
+    .unwrap();
+    let (shared, _writer) = Writer::new(&cfg);
+    let later = shared.started + SOURCE_GRACE + std::time::Duration::from_secs(1);
+    let soon = shared.started + std::time::Duration::from_secs(1);
+    assert!(not_ready(&shared, later).is_some(), "no answer, no failure");
+    let c = shared.metrics.sources.counters("pool");
     crate::membership::SourceCounters::bump(&c.failures);
-    assert!(c.answered());
+    let why = not_ready(&shared, soon).expect("failed once, within the grace");
+    assert!(why.contains("pool"), "{why}");
+    assert_eq!(not_ready(&shared, later), None, "failing past the grace");
 }

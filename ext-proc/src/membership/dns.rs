@@ -1,7 +1,9 @@
 //! DNS membership: re-resolve a name's A/AAAA records (or its SRV records,
 //! which give the port) every interval, sooner when the records' TTL is
 //! shorter. A failed lookup keeps the last good set; an empty answer empties
-//! the fleet only when the next lookup confirms it.
+//! the fleet only when the next lookup confirms it. Until a first set is
+//! known, lookups that fail or come back empty are retried at the shortest
+//! interval.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
@@ -60,6 +62,17 @@ impl DnsWatch {
         Ok(tokio::spawn(self.run(resolver, tx, counters)))
     }
 
+    /// After an empty or failed answer: the interval, but the shortest wait
+    /// while no set is known yet (the router is not ready until one is, or
+    /// until its grace runs out).
+    fn first_or_interval(&self, tx: &MembershipTx) -> Duration {
+        if tx.has_published() {
+            self.interval
+        } else {
+            self.min_interval
+        }
+    }
+
     async fn run(self, resolver: TokioResolver, tx: MembershipTx, counters: Arc<SourceCounters>) {
         let fleet = tx.fleet().to_string();
         let mut empty_streak = 0u32;
@@ -98,7 +111,7 @@ impl DnsWatch {
                             "dns answer empty; keeping the last set until the next lookup confirms it"
                         );
                     }
-                    self.interval
+                    self.first_or_interval(&tx)
                 }
                 Err(e) => {
                     SourceCounters::bump(&counters.failures);
@@ -109,7 +122,7 @@ impl DnsWatch {
                         error = %e,
                         "dns lookup failed; keeping the last good set"
                     );
-                    self.interval
+                    self.first_or_interval(&tx)
                 }
             };
             tokio::select! {

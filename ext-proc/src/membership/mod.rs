@@ -9,7 +9,7 @@ pub mod kubernetes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
 
@@ -112,6 +112,11 @@ impl MembershipTx {
         })
     }
 
+    /// Whether any set was published yet.
+    pub fn has_published(&self) -> bool {
+        self.tx.borrow().is_some()
+    }
+
     /// Number of members last published (0 before the first set).
     pub fn current_len(&self) -> usize {
         self.tx.borrow().as_ref().map_or(0, |u| u.members.len())
@@ -141,9 +146,6 @@ pub struct SourceCounters {
     /// Full re-lists (Kubernetes: initial list and every re-list after 410 Gone
     /// or a lost watch).
     pub relists: AtomicU64,
-    /// Set by the writer once a set from this source is in the published
-    /// snapshot: until then the fleet's members are not known (`/ready`).
-    pub applied: AtomicBool,
 }
 
 /// A copy of [`SourceCounters`] at one moment.
@@ -167,15 +169,6 @@ impl SourceCounters {
 
     pub(crate) fn bump(counter: &AtomicU64) {
         counter.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The source has answered once: its first set is in the snapshot, or a
-    /// lookup failed or came back empty (the fleet then stays as it is, and
-    /// waiting longer would not make the router more ready).
-    pub fn answered(&self) -> bool {
-        self.applied.load(Ordering::Acquire)
-            || self.failures.load(Ordering::Relaxed) > 0
-            || self.empty_answers.load(Ordering::Relaxed) > 0
     }
 }
 

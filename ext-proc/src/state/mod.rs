@@ -268,6 +268,8 @@ pub struct Shared {
     /// What the per-tenant metric series last exported (the `/metrics`
     /// handler's own, see `tenant_metrics`).
     tenant_series: Mutex<tenant_metrics::TenantSeries>,
+    /// When the state was made (readiness waits for sources from here).
+    pub started: std::time::Instant,
 }
 
 impl std::fmt::Debug for Shared {

@@ -115,6 +115,7 @@ impl Writer {
             instance,
             tenants: Accountant::new(&cfg.tenants, cfg.tenants_redis.as_ref()),
             tenant_series: Mutex::default(),
+            started: Instant::now(),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -260,11 +261,6 @@ impl Writer {
             } => {
                 self.on_membership(&fleet, &source, &members, now);
                 self.publish_if_dirty(now);
-                // After the publish: `/ready` must find these members in the snapshot.
-                let counters = self.shared.metrics.sources.counters(&fleet);
-                counters
-                    .applied
-                    .store(true, std::sync::atomic::Ordering::Release);
             }
             Event::Change { change, reply } => {
                 let result = self.change(*change, now);
