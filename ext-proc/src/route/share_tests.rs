@@ -59,17 +59,32 @@ fn keyed(c: u64, turn: u64, source: KeySource) -> RouteKey<'static> {
     }
 }
 
-/// Places `key`, lets it finish at once, and tells the writer (which learns
-/// the prefix); returns the replica.
+/// Places `key`, lets it finish at once (Envoy reporting its first byte, as
+/// the shipped configs do), and tells the writer (which learns the prefix);
+/// returns the replica.
 fn route(
     shared: &Shared,
     w: &mut Writer,
     key: RouteKey<'static>,
     rng: u64,
 ) -> (ReplicaId, &'static str) {
+    route_reported(shared, w, key, rng, true)
+}
+
+/// As [`route`]; `first_byte` false is a config without the report.
+fn route_reported(
+    shared: &Shared,
+    w: &mut Writer,
+    key: RouteKey<'static>,
+    rng: u64,
+    first_byte: bool,
+) -> (ReplicaId, &'static str) {
     let p = block_on(place(shared, key, rng)).unwrap();
     let r = *p.decision.replicas.head();
     let pick = p.decision.pick;
+    if first_byte {
+        p.guard.first_byte();
+    }
     p.guard.release();
     w.drain(Instant::now());
     (r, pick)
@@ -275,13 +290,15 @@ fn a_chat_holding_a_reply_keeps_to_its_opening_whatever_its_key() {
 #[test]
 fn the_share_makes_a_request_wait_at_most_share_wait_tokens() {
     // Where a new conversation goes when the only replica past its share has
-    // an empty queue and every other one has `queued` prefill tokens.
-    let placed_on_busy = |queued: u32| {
+    // an empty queue and every other one has `queued` prefill tokens;
+    // `first_byte`: whether Envoy reports first bytes (else queues are
+    // estimates, not trusted to be short).
+    let placed_on_busy = |queued: u32, first_byte: bool| {
         let (shared, mut w) = rig("{}");
         // One running conversation takes its replica far past its share.
-        let (busy, _) = route(&shared, &mut w, turn(7, 0), 7);
+        let (busy, _) = route_reported(&shared, &mut w, turn(7, 0), 7, first_byte);
         for t in 1..30 {
-            route(&shared, &mut w, turn(7, t), t);
+            route_reported(&shared, &mut w, turn(7, t), t, first_byte);
         }
         // Every other replica is given a long prefill, held.
         let mut held = Vec::new();
@@ -303,13 +320,17 @@ fn the_share_makes_a_request_wait_at_most_share_wait_tokens() {
     };
     let wait = ReplicaChoiceConfig::default().share_wait_tokens as u32;
     // Behind more than `share_wait_tokens`: the empty queue, past its share.
-    let (on_busy, pick) = placed_on_busy(wait + 8_000);
+    let (on_busy, pick) = placed_on_busy(wait + 8_000, true);
     assert!(
         on_busy,
         "the bound made a request wait past the limit ({pick})"
     );
     // Behind less: the bound holds and the request waits.
-    let (on_busy, pick) = placed_on_busy(wait - 8_000);
+    let (on_busy, pick) = placed_on_busy(wait - 8_000, true);
     assert!(!on_busy, "the bound let a short wait through ({pick})");
     assert_eq!(pick, "share");
+    // Without first-byte reports the empty queue may be an estimate: the
+    // bound holds however long the others' queues read.
+    let (on_busy, pick) = placed_on_busy(wait + 8_000, false);
+    assert!(!on_busy, "an estimated queue was trusted ({pick})");
 }

@@ -244,7 +244,7 @@ impl Leases {
         let Some(lease) = self.prefill.remove(&nonce) else {
             return false;
         };
-        lease.guard.prefill_done();
+        lease.guard.first_byte();
         count(&self.prefill_ended, "first_byte");
         true
     }

@@ -38,6 +38,9 @@ pub struct ReplicaLoad {
     peer_inflight: AtomicU32,
     peer_pending_prefill: AtomicU64,
     peer_prefilling: AtomicU32,
+    /// Envoy has reported a first body byte from this replica: prefill
+    /// shares here end at the first token, not at their estimate.
+    first_byte_reported: AtomicBool,
 }
 
 /// One replica's load as one instance counts it, or as peers sum it.
@@ -116,6 +119,12 @@ impl ReplicaLoad {
 
     /// Requests this instance routed here lately: each counts 1 when routed
     /// and fades by half every half-life the writer applies.
+    /// Whether this replica's prefill queue ends requests at their first
+    /// token (Envoy reports first bytes from it), rather than at estimates.
+    pub fn first_byte_reported(&self) -> bool {
+        self.first_byte_reported.load(Relaxed)
+    }
+
     pub fn recent(&self) -> f64 {
         self.recent.load(Relaxed) as f64 / RECENT_UNIT as f64
     }
@@ -189,6 +198,13 @@ impl RequestGuard {
             self.load.pending_prefill.fetch_sub(t, Relaxed);
             self.load.prefilling.fetch_sub(1, Relaxed);
         }
+    }
+
+    /// Envoy reported the request's first body byte: prefill is over, and
+    /// the replica's queue is known to end at first tokens.
+    pub fn first_byte(&self) {
+        self.load.first_byte_reported.store(true, Relaxed);
+        self.prefill_done();
     }
 
     /// The request is over. Idempotent.

@@ -351,7 +351,7 @@ impl SimRouter for Fleetroute {
 
     fn first_token(&mut self, _: f64, id: usize) {
         if let Some(l) = &self.live[id] {
-            l.placed.guard.prefill_done();
+            l.placed.guard.first_byte();
         }
     }
 

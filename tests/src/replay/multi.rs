@@ -281,7 +281,7 @@ impl MultiRouter {
             }
             Action::PrefillBound(id) => {
                 if let Some(l) = self.leases[id].as_ref().filter(|l| l.held) {
-                    l.placed.guard.prefill_done();
+                    l.placed.guard.first_byte();
                 }
             }
             Action::LeaseBound(id) => {

@@ -48,9 +48,11 @@
 //! conversation, whatever its key says. A replica well under its share is
 //! scored as if it held the opening (it pays for that once, not per
 //! conversation). A prompt with nothing past its opening is not taken by a
-//! replica past its share, unless that replica is its key's home. The share makes a request wait at
-//! most `share_wait_tokens` of prefill: a replica past it whose queue is
-//! shorter, by more than that, than every replica within it is not skipped.
+//! replica past its share, unless that replica is its key's home. Any other
+//! waits at most `share_wait_tokens` of prefill for the share: a replica
+//! past it whose queue is shorter, by more than that, than every replica
+//! within it is not skipped, where Envoy reports first bytes (the queue is
+//! then not an estimate).
 
 use super::{FALLBACKS, ReplicaChoice};
 use crate::config::ReplicaChoiceConfig;
@@ -77,6 +79,9 @@ struct Scored {
     over_share: bool,
     /// Requests routed here lately (the share bound's measure).
     recent: f64,
+    /// Its prefill queue ends requests at their first token (Envoy reports
+    /// first bytes), so `queued` is not an estimate of when they end.
+    first_byte: bool,
 }
 
 /// A replica with more requests in flight than this many times the fleet's
@@ -132,6 +137,7 @@ pub fn choose(
             own: r.matched.saturating_sub(key.opening_blocks),
             over_share: false,
             recent: load.recent(),
+            first_byte: load.first_byte_reported(),
         }
     }));
     let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
@@ -206,15 +212,21 @@ pub fn choose(
         // share is not skipped: with prompts of very different lengths
         // (one-shot requests), equal request counts are unequal work, and
         // skipping the short queue would put the request behind a longer one.
-        // The queues are exact here because the first body byte ends a
-        // request's prefill share (`Leases::first_byte`).
+        // Only a queue that ends requests at their first byte
+        // (`Leases::first_byte`) is trusted to be short: one that ends them
+        // at an estimate reads short while it is not, and trusting it piled
+        // requests onto such replicas. A prompt with nothing past its opening
+        // keeps the rule above (no replica past its share but its key's home
+        // takes it): those chase short queues.
         let shortest_within = scored
             .iter()
             .filter(|s| !s.overloaded && !s.over_share)
             .map(|s| s.queued)
             .fold(f64::INFINITY, f64::min);
         for s in &mut scored {
-            s.over_share &= s.queued + cfg.share_wait_tokens >= shortest_within;
+            let waits_less =
+                s.first_byte && !short && s.queued + cfg.share_wait_tokens < shortest_within;
+            s.over_share &= !waits_less;
             s.overloaded |= s.over_share;
         }
     }
