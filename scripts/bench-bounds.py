@@ -1,27 +1,31 @@
 #!/usr/bin/env python3
-"""What no router can beat on a trace: time-to-first-token bounds for the
-HTTP benchmark's fleet (scripts/bench-routers.sh), from the trace alone.
+"""Time to first token on a trace without a router's imperfections: a
+floor no router can beat, and reference placements, for the HTTP
+benchmark's fleet (scripts/bench-routers.sh), from the trace alone.
 
 The model is the simulated engine's prefill path with nothing else: each
 replica prefills one prompt at a time, first come first served, at
-PREFILL tokens/s; a prompt's cached prefix (blocks the replica saw before,
-no eviction) costs nothing. Decode, batching and the network are left out,
-so every figure is a lower bound of its kind. For each load it prints
-TTFT p50 / p90 / p99 ms (trace time) and max/mean requests per replica of:
+PREFILL tokens/s; a prompt's cached prefix (the trace's 512-token blocks
+the replica saw before, no eviction) costs nothing. Decode, batching and
+the network are left out. For each load it prints TTFT p50 / p90 / p99 ms
+(trace time) and max/mean requests per replica of:
 
   floor       every prompt on an idle replica holding every block seen so
-              far: its own uncached prefill only (no router can do better)
+              far: its own uncached prefill only (no router can do better,
+              up to the engines' own block size)
   round-robin the client's own round robin (checks the model: compare with
               the benchmark's `direct` rows)
-  earliest    each request, in arrival order, on the replica where it would
-              get its first token soonest, knowing every queue and cache
-              exactly (the best any greedy router can do)
+  earliest    each request, in arrival order, on the replica where its own
+              first token would come soonest, knowing every queue and cache
+              exactly (a greedy reference, not a bound: it ignores what a
+              placement does to the requests after it)
   split       with --split TOKENS:K, prompts of at least TOKENS go to the
               last K replicas and the rest to the others, each placed as
               `earliest` within its group (size-based placement, which
               keeps short prompts from queueing behind long ones)
 
   scripts/bench-bounds.py TRACE [--requests 300] [--replicas 8]
+      (give --requests the bench's REQUESTS, 600 unless set)
       [--prefill 10000] [--rate 1 --rate 4 ...] [--split 30000:3]
 
 Deterministic: no randomness, the trace's order and timestamps only.
@@ -101,11 +105,18 @@ def main():
     ap.add_argument("--rate", type=float, action="append", help="load, x the trace's rate")
     ap.add_argument("--split", help="TOKENS:K, see `split` above")
     a = ap.parse_args()
+    if a.requests < 1 or a.replicas < 1 or a.prefill <= 0:
+        ap.error("--requests, --replicas and --prefill must be positive")
+    if any(r <= 0 for r in a.rate or []):
+        ap.error("--rate must be positive")
     split = None
     if a.split:
-        tokens, k = a.split.split(":")
-        split = (int(tokens), int(k))
-        if not 0 < split[1] < a.replicas:
+        try:
+            tokens, k = (int(x) for x in a.split.split(":"))
+        except ValueError:
+            ap.error("--split: want TOKENS:K, two integers")
+        split = (tokens, k)
+        if not 0 < k < a.replicas:
             ap.error("--split: K must be between 1 and replicas - 1")
     rows = load(a.trace, a.requests)
     print("%s, %d requests, %d replicas, %.0f prefill tokens/s; TTFT p50 / p90 / p99 ms"
