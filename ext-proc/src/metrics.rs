@@ -738,7 +738,8 @@ impl SourceMetrics {
     /// a fleet with no source).
     pub fn failures(&self, fleet: &str) -> u64 {
         let map = self.fleets.lock().unwrap_or_else(|e| e.into_inner());
-        map.get(fleet).map_or(0, |c| c.snapshot().failures)
+        map.get(fleet)
+            .map_or(0, |c| c.failures.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Forgets the fleets no longer served by a source.

@@ -147,9 +147,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
 /// gRPC health (`grpc.health.v1`, for Envoy's active health checks of the
 /// ext_proc cluster): NOT_SERVING until ready as `/ready` says (every
 /// membership source answered or failed past its grace, every replica
-/// probed once), then SERVING
-/// for as long as the process runs. A dead process answers nothing, which
-/// is what moves Envoy off it.
+/// probed once), then SERVING for as long as the process runs. A dead
+/// process answers nothing, which is what moves Envoy off it.
 async fn report_health(shared: std::sync::Arc<crate::state::Shared>, health: HealthReporter) {
     health
         .set_service_status("", ServingStatus::NotServing)

@@ -117,14 +117,14 @@ impl ReplicaLoad {
         self.peer_pending_prefill.store(f.pending_prefill, Relaxed);
     }
 
-    /// Requests this instance routed here lately: each counts 1 when routed
-    /// and fades by half every half-life the writer applies.
     /// Whether this replica's prefill queue ends requests at their first
     /// token (Envoy reports first bytes from it), rather than at estimates.
     pub fn first_byte_reported(&self) -> bool {
         self.first_byte_reported.load(Relaxed)
     }
 
+    /// Requests this instance routed here lately: each counts 1 when routed
+    /// and fades by half every half-life the writer applies.
     pub fn recent(&self) -> f64 {
         self.recent.load(Relaxed) as f64 / RECENT_UNIT as f64
     }
