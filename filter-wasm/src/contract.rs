@@ -130,8 +130,12 @@ pub enum ParseStatus {
     Ok,
     /// Valid JSON, but not the expected shape; only the model (if any) was taken.
     BadShape,
-    /// Not JSON (or not UTF-8): nothing was extracted.
+    /// Not JSON (or not UTF-8): nothing was extracted; the filter refuses it.
     NotJson,
+    /// A key the filter reads appears twice in one object: engines read the
+    /// last, a streaming reader may read the first, so the filter refuses it
+    /// rather than route on one reading and serve the other.
+    DuplicateKey,
 }
 
 impl ParseStatus {
@@ -140,6 +144,7 @@ impl ParseStatus {
             ParseStatus::Ok => "ok",
             ParseStatus::BadShape => "bad_shape",
             ParseStatus::NotJson => "not_json",
+            ParseStatus::DuplicateKey => "duplicate_key",
         }
     }
 }

@@ -28,6 +28,7 @@ struct Metrics {
     parse_ok: u32,
     parse_bad_shape: u32,
     parse_not_json: u32,
+    parse_duplicate_key: u32,
     passed_untouched: u32,
     too_large: u32,
     bad_residency: u32,
@@ -44,6 +45,7 @@ impl Metrics {
             parse_ok: c("parse_ok")?,
             parse_bad_shape: c("parse_bad_shape")?,
             parse_not_json: c("parse_not_json")?,
+            parse_duplicate_key: c("parse_duplicate_key")?,
             passed_untouched: c("passed_untouched")?,
             too_large: c("body_too_large")?,
             bad_residency: c("bad_residency")?,
@@ -174,7 +176,11 @@ impl Request {
             ParseStatus::Ok => m.parse_ok,
             ParseStatus::BadShape => m.parse_bad_shape,
             ParseStatus::NotJson => m.parse_not_json,
+            ParseStatus::DuplicateKey => m.parse_duplicate_key,
         });
+        if let Some(refusal) = LocalReply::unreadable(ex.status) {
+            return self.reply(refusal);
+        }
         for (name, value) in ex.headers(cfg) {
             self.set_http_request_header(name, Some(&value));
         }

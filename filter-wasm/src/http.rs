@@ -2,7 +2,7 @@
 //! client headers are dropped, and the errors the filter answers itself.
 
 use crate::config::FilterConfig;
-use crate::contract::{INTERNAL_PREFIX, OVERRIDE_HOST_HEADER};
+use crate::contract::{INTERNAL_PREFIX, OVERRIDE_HOST_HEADER, ParseStatus};
 
 /// A header a client may never send: any internal header, and the host override.
 pub fn is_reserved_header(name: &str) -> bool {
@@ -55,6 +55,29 @@ impl LocalReply {
             status,
             body: body.to_string(),
             retry_after_s: None,
+        }
+    }
+
+    /// The body cannot be read as one request: not JSON (engines would
+    /// refuse it too, or read it by rules of their own, e.g. Python's `NaN`),
+    /// or a key the filter reads given twice (engines keep the last value, so
+    /// routing on any one reading could serve another model than the one
+    /// routed, priced and charged). `None`: the body is routed.
+    pub fn unreadable(status: ParseStatus) -> Option<Self> {
+        match status {
+            ParseStatus::Ok | ParseStatus::BadShape => None,
+            ParseStatus::NotJson => Some(LocalReply::error(
+                400,
+                "invalid_json",
+                "the request body is not a JSON document in UTF-8",
+            )),
+            ParseStatus::DuplicateKey => Some(LocalReply::error(
+                400,
+                "duplicate_key",
+                "the request body gives a field the router reads (model, messages, prompt, \
+                 stream, max_tokens, max_completion_tokens, user, prompt_cache_key, or a \
+                 message's role, content, type or text) more than once in one object",
+            )),
         }
     }
 

@@ -77,11 +77,11 @@ fn clients_cannot_choose_cluster_or_host() {
 #[test]
 fn bad_bodies_get_clear_answers() {
     let lab = lab(&two_fleets_tolerant_health(), false);
-    // Not JSON: still routed (default stage), the engine answers 400.
+    // Not JSON: refused by the filter, no fleet asked.
     let r = post(&url(&lab), "{not json", &[]);
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.header("x-served-by").is_some());
-    assert!(r.json()["error"]["message"].is_string());
+    assert_eq!(r.header("x-served-by"), None);
+    assert_eq!(r.json()["error"]["code"], "invalid_json", "{}", r.body);
     // Wrong shape: the model is still read and routed.
     let r = post(&url(&lab), r#"{"model":"m1","messages":5}"#, &[]);
     assert_eq!(r.status, 400, "{}", r.body);
@@ -89,6 +89,7 @@ fn bad_bodies_get_clear_answers() {
     // Invalid UTF-8.
     let r = post(&url(&lab), b"{\"model\":\"m1\xff\"}".to_vec(), &[]);
     assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "invalid_json", "{}", r.body);
     // Over the filter's limit, declared up front.
     let big = chat_body("m1", None, &"x".repeat(5 << 20), false);
     let r = post(&url(&lab), big.clone(), &[]);
@@ -121,6 +122,63 @@ fn bad_bodies_get_clear_answers() {
     // The service is still fine afterwards.
     let r = post(&url(&lab), chat_body("m1", Some("after"), "hi", false), &[]);
     assert_eq!(r.status, 200);
+}
+
+/// Two stages on two fleets: a body that names both must not be routed
+/// (and priced, and charged) as one while the engine serves the other.
+const CHEAP_AND_PREMIUM: &str = r#"
+health_check: { interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }
+fleets:
+  - name: cheap
+    region: us
+    endpoints: ["{c1}"]
+  - name: premium
+    region: us
+    endpoints: ["{p1}"]
+stages:
+  - name: cheap
+    models: [cheap]
+    fleets: [cheap]
+  - name: premium
+    models: [premium]
+    fleets: [premium]
+"#;
+
+#[test]
+fn a_body_means_one_thing_to_the_router_and_the_engine() {
+    let lab = lab(CHEAP_AND_PREMIUM, false);
+    let chat = r#""messages":[{"role":"user","content":"hi"}],"max_tokens":2"#;
+    for body in [
+        format!(r#"{{"model":"cheap",{chat},"model":"premium"}}"#),
+        format!(r#"{{"model":false,{chat},"model":"premium"}}"#),
+        format!(r#"{{"model":"cheap",{chat},"mod\u0065l":"premium"}}"#),
+        format!(r#"{{"model":"cheap",{chat},"max_tokens":9000}}"#),
+    ] {
+        let r = post(&url(&lab), body.clone(), &[]);
+        assert_eq!(r.status, 400, "{body}: {}", r.body);
+        assert_eq!(r.json()["error"]["code"], "duplicate_key", "{}", r.body);
+        assert_eq!(r.header("x-served-by"), None, "{body} reached a fleet");
+    }
+    // Python's own literals are not JSON to the router: refused, not routed.
+    let r = post(
+        &url(&lab),
+        format!(r#"{{"model":"premium",{chat},"temperature":NaN}}"#),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["code"], "invalid_json");
+    // A byte order mark is skipped, as the engines skip it: routed by the
+    // model after it, to the fleet that serves it.
+    let body = [
+        &b"\xEF\xBB\xBF"[..],
+        format!(r#"{{"model":"premium",{chat}}}"#).as_bytes(),
+    ]
+    .concat();
+    let r = post(&url(&lab), body, &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-served-by"), Some("p1"), "{}", r.body);
+    assert_eq!(r.json()["model"], "premium");
+    assert!(lab.envoy_stat("wasmcustom.fleetroute_filter.parse_duplicate_key") >= 4);
 }
 
 #[test]

@@ -11,8 +11,7 @@ mod memory_tests;
 
 use crate::config::{BYTES_PER_TOKEN, FilterConfig};
 use crate::contract::{self, KeySource, ParseStatus};
-use request::{ModelOnly, Request};
-use serde::de::IgnoredAny;
+use request::{Request, TopLevel};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Extraction {
@@ -76,9 +75,19 @@ impl Extraction {
     }
 }
 
+/// A UTF-8 byte order mark: engines skip it (Python's `json.loads` on bytes,
+/// nlohmann's parser in llama.cpp), so the filter reads what follows it.
+pub const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The body as engines read it: without a leading byte order mark.
+pub fn without_bom(body: &[u8]) -> &[u8] {
+    body.strip_prefix(BOM).unwrap_or(body)
+}
+
 /// Reads a whole request body. Never fails: a body it cannot read yields an
 /// extraction whose status says how far it got.
 pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
+    let body = without_bom(body);
     // serde_json skips unread strings without checking them; a body that is not
     // UTF-8 is not JSON, whichever field holds the bad bytes.
     if std::str::from_utf8(body).is_err() {
@@ -87,27 +96,26 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
     // A request is a JSON object. serde also reads a struct from an array,
     // field by field in order, which would find a model in `["m"]`.
     if !is_object(body) {
-        let json = serde_json::from_slice::<IgnoredAny>(body).is_ok();
-        let status = if json {
-            ParseStatus::BadShape
-        } else {
-            ParseStatus::NotJson
-        };
-        return Extraction::empty(status, None);
+        return Extraction::empty(not_read(body), None);
     }
     let req: Request<'_> = match serde_json::from_slice(body) {
         Ok(r) => r,
+        Err(e) if is_duplicate(&e) => return Extraction::empty(ParseStatus::DuplicateKey, None),
         Err(_) => {
             // Wrong shape is still worth its model, so the stage can be found.
-            let m = serde_json::from_slice::<ModelOnly<'_>>(body)
-                .ok()
-                .and_then(|m| m.model.as_deref().and_then(model::model));
-            let json = m.is_some() || serde_json::from_slice::<IgnoredAny>(body).is_ok();
-            let status = if json {
-                ParseStatus::BadShape
-            } else {
-                ParseStatus::NotJson
+            let m = match serde_json::from_slice::<TopLevel<'_>>(body) {
+                Ok(top) => top
+                    .model
+                    .and_then(|m| m.0)
+                    .as_deref()
+                    .and_then(model::model),
+                Err(e) if is_duplicate(&e) => {
+                    return Extraction::empty(ParseStatus::DuplicateKey, None);
+                }
+                Err(_) => None,
             };
+            let status = not_read(body);
+            let m = m.filter(|_| status == ParseStatus::BadShape);
             return Extraction::empty(status, m);
         }
     };
@@ -126,10 +134,29 @@ pub fn extract(body: &[u8], cfg: &FilterConfig) -> Extraction {
     }
 }
 
+/// Why a body whose fields could not be read was not read: valid JSON of
+/// another shape, or not JSON at all. Valid means strictly so (numbers in
+/// range, escapes that make text): such a body is routed on its model
+/// alone, so it must be one that every reader reads the same.
+fn not_read(body: &[u8]) -> ParseStatus {
+    match serde_json::from_slice::<request::Strict>(body) {
+        Ok(_) => ParseStatus::BadShape,
+        Err(_) => ParseStatus::NotJson,
+    }
+}
+
+/// A key of a struct the filter reads, twice in one object. serde's derive
+/// reports it as a data error with this wording (pinned by a test), the only
+/// error of that kind whose message starts so.
+fn is_duplicate(e: &serde_json::Error) -> bool {
+    e.is_data() && e.to_string().starts_with("duplicate field `")
+}
+
 /// The canonical prompt text of a body (chat or completions), as the filter
 /// hashes it; `None` when the body is not a request of the expected shape.
 /// Engines that model a prefix cache use this to agree with the router.
 pub fn canonical_text(body: &[u8]) -> Option<Vec<u8>> {
+    let body = without_bom(body);
     if !is_object(body) {
         return None;
     }
@@ -346,6 +373,45 @@ mod tests {
         assert!(!e.continues, "a completions prompt continues nothing known");
         let parts = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hi"},{"type":"image_url","image_url":{"url":"x"}}]}]}"#;
         assert_eq!(extract(parts, &cfg()).status, ParseStatus::Ok);
+    }
+
+    #[test]
+    fn a_key_read_twice_is_a_duplicate_wherever_it_is() {
+        let c = cfg();
+        for body in [
+            r#"{"model":"cheap","model":"premium"}"#,
+            r#"{"model":"cheap","messages":[{"role":"user","content":"hi"}],"model":"premium"}"#,
+            r#"{"model":"m","mod\u0065l":"n"}"#,
+            r#"{"model":"m","max_tokens":1,"max_tokens":9000}"#,
+            r#"{"model":"m","stream":false,"stream":true}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"a","content":"b"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","role":"system","content":"a"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}"#,
+            r#"{"model":"m","messages":7,"model":"n"}"#,
+        ] {
+            let e = extract(body.as_bytes(), &c);
+            assert_eq!(e.status, ParseStatus::DuplicateKey, "{body}");
+            assert!(e.headers(&c).is_empty(), "{body}");
+        }
+        // Keys the filter skips may repeat: the engine's reading of them is
+        // none of routing's business.
+        let e = extract(br#"{"model":"m","temperature":0,"temperature":1}"#, &c);
+        assert_eq!(e.status, ParseStatus::Ok);
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_skipped_as_engines_skip_it() {
+        let c = cfg();
+        let body = br#"{"model":"m1","prompt":"hello","max_tokens":3}"#;
+        let with_bom = [BOM, &body[..]].concat();
+        assert_eq!(extract(&with_bom, &c), extract(body, &c));
+        assert_eq!(extract(&with_bom, &c).status, ParseStatus::Ok);
+        assert_eq!(canonical_text(&with_bom), canonical_text(body));
+        // Only one, only at the start.
+        assert_eq!(
+            extract(&[BOM, BOM, &body[..]].concat(), &c).status,
+            ParseStatus::NotJson
+        );
     }
 
     #[test]

@@ -13,7 +13,7 @@ use std::fmt;
 use std::ops::Range;
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, IgnoredAny, SeqAccess, Visitor};
 
 use super::prefix::{ITEM_END, ROLE_END};
 
@@ -188,9 +188,116 @@ impl<'de: 'a, 'a> Deserialize<'de> for Prompt<'a> {
 #[derive(Deserialize)]
 struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
-/// Only the model, for bodies whose other fields have the wrong shape.
+/// The top-level fields of a body whose fields have the wrong shape: each
+/// taken whatever its type, so a field given twice is found even after a
+/// value of the wrong type; the model kept when it is a string.
 #[derive(Debug, Deserialize)]
-pub struct ModelOnly<'a> {
+#[expect(
+    dead_code,
+    reason = "the other fields are there for serde to find a field given twice"
+)]
+pub struct TopLevel<'a> {
     #[serde(borrow)]
-    pub model: Option<Cow<'a, str>>,
+    pub model: Option<AnyText<'a>>,
+    messages: Option<IgnoredAny>,
+    prompt: Option<IgnoredAny>,
+    prompt_cache_key: Option<IgnoredAny>,
+    user: Option<IgnoredAny>,
+    max_tokens: Option<IgnoredAny>,
+    max_completion_tokens: Option<IgnoredAny>,
+    stream: Option<IgnoredAny>,
+}
+
+/// A value that is text or anything else (`None`).
+#[derive(Debug)]
+pub struct AnyText<'a>(pub Option<Cow<'a, str>>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for AnyText<'a> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = AnyText<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(Some(Cow::Borrowed(s))))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(Some(Cow::Owned(s.to_owned()))))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<AnyText<'de>, E> {
+                Ok(AnyText(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<AnyText<'de>, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(AnyText(None))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut m: A) -> Result<AnyText<'de>, A::Error> {
+                while m.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(AnyText(None))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// Any JSON value, read strictly and kept nowhere: every number parsed
+/// (`1E400` is out of range), every string unescaped (a lone surrogate is
+/// no text), unlike `IgnoredAny`, which skips both unchecked.
+pub struct Strict;
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictVisitor)
+    }
+}
+
+struct StrictVisitor;
+
+impl<'de> Visitor<'de> for StrictVisitor {
+    type Value = Strict;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Strict, E> {
+        Ok(Strict)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Strict, A::Error> {
+        while seq.next_element::<Strict>()?.is_some() {}
+        Ok(Strict)
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Strict, A::Error> {
+        while map.next_key::<Strict>()?.is_some() {
+            map.next_value::<Strict>()?;
+        }
+        Ok(Strict)
+    }
 }

@@ -33,7 +33,13 @@ impl From<Bad> for Untouched {
 
 /// Where the top-level `model` string is (quotes included).
 pub fn find_model(b: &[u8]) -> Result<Range<usize>, Untouched> {
-    let mut i = skip_ws(b, 0);
+    // After a byte order mark, as engines (and the extraction) read the body.
+    let start = if b.starts_with(crate::extract::BOM) {
+        crate::extract::BOM.len()
+    } else {
+        0
+    };
+    let mut i = skip_ws(b, start);
     if b.get(i) != Some(&b'{') {
         return Err(Untouched::NotAnObject);
     }
@@ -126,6 +132,13 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["model"], "meta-llama/Llama-3.1-70B-Instruct");
         assert_eq!(v["metadata"]["model"], "keep");
+    }
+
+    #[test]
+    fn a_byte_order_mark_is_kept_and_the_model_after_it_renamed() {
+        let mut b = b"\xEF\xBB\xBF {\"model\":\"m1\"}".to_vec();
+        rename(&mut b, "served").unwrap();
+        assert_eq!(b, b"\xEF\xBB\xBF {\"model\":\"served\"}");
     }
 
     #[test]

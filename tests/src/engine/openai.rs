@@ -60,6 +60,8 @@ struct StreamOptions {
 
 impl Params {
     pub fn parse(endpoint: Endpoint, body: &[u8]) -> Result<Params, ApiError> {
+        // As vLLM and llama.cpp read a body: a leading byte order mark is skipped.
+        let body = fleetroute_filter::extract::without_bom(body);
         let raw: Raw = serde_json::from_slice(body)
             .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?;
         let (field, present) = match endpoint {
