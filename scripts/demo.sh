@@ -40,14 +40,17 @@ done
   --control 127.0.0.1:8300 --models demo-model \
   --prefill-tokens-per-sec 20000 --decode-ms-per-token 20 > "$run/engine.log" 2>&1 &
 pids+=($!)
-# The shipped router config plus the demo tenant.
+# The shipped router config (its last block is `tenants:`) plus the demo
+# tenant, and a token that only Envoy is given for its calls to fleetroute.
 router="$run/router.yaml"
 cp envoy-config/router.yaml "$router"
 cat >> "$router" <<'YAML'
-tenants:
   named:
     demo: { tokens_per_minute: 2000 }   # requests with x-tenant: demo get a 429 past it
 YAML
+[ -s "$run/grpc-token" ] || od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$run/grpc-token"
+chmod 600 "$run/grpc-token"
+echo "grpc: { token_file: \"$PWD/$run/grpc-token\" }" >> "$router"
 if [ "${DEMO_REDIS:-0}" = 1 ]; then
   redis-server --port 6390 --bind 127.0.0.1 --save '' --appendonly no > "$run/redis.log" 2>&1 &
   pids+=($!)
@@ -55,6 +58,7 @@ if [ "${DEMO_REDIS:-0}" = 1 ]; then
 fi
 "$bin/fleetroute" check-config "$router"
 "$bin/fleetroute" bootstrap --config "$router" --wasm "$wasm" > "$run/envoy.yaml"
+chmod 600 "$run/envoy.yaml"   # it holds the gRPC token
 RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config "$router" --envoy-admin 127.0.0.1:9901 > "$run/fleetroute.log" 2>&1 &
 pids+=($!)
 
@@ -89,6 +93,8 @@ Try:
 The x-served-by header names the replica that answered. With -H 'x-tenant: demo'
 the request counts against tenant demo's 2000 tokens per minute (a 429 past
 it); $bin/fleetroute tenant get demo shows its limits and usage.
+NOTE: this demo trusts the client's own x-tenant header to name its tenant.
+In front of real clients, name tenants by API key or JWT (README, Tenants).
 INFO
 
 if [ "${1:-}" = "--check" ]; then

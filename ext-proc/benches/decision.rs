@@ -449,7 +449,7 @@ fn tenant_keys(prompts: &[Vec<u64>]) -> Vec<RouteKey<'static>> {
         .enumerate()
         .map(|(i, p)| {
             let mut k = key(p, i as u64);
-            k.tenant = &ids[i % ids.len()];
+            k.tenant = ids[i % ids.len()].as_str().into();
             k.max_tokens = Some(256);
             k
         })

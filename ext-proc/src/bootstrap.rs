@@ -130,6 +130,17 @@ pub fn render(
             .is_some_and(|t| t.ends_with("envoy.extensions.filters.http.wasm.v3.Wasm"));
         if is_wasm {
             *get_mut(tc, &["config", "vm_config", "code", "local", "filename"])? = key(&opts.wasm);
+            // The reading root only: the rename root has no configuration.
+            if let Some(value) = tc
+                .get_mut("config")
+                .and_then(|c| c.get_mut("configuration"))
+                .and_then(|c| c.get_mut("value"))
+            {
+                let json = value
+                    .as_str()
+                    .ok_or("template: the Wasm configuration is not text")?;
+                *value = key(&crate::bootstrap_identity::filter_configuration(json, cfg)?);
+            }
         } else if name == "envoy.filters.http.ext_proc" && tc.get("observability_mode").is_none() {
             *get_mut(tc, &["failure_mode_allow"])? = Value::Bool(!opts.fail_closed);
             if opts.fail_closed {
@@ -153,6 +164,13 @@ pub fn render(
             }
         }
     }
+
+    crate::bootstrap_identity::jwt(
+        get_mut(hcm, &["http_filters"])?
+            .as_sequence_mut()
+            .ok_or("template: http_filters is not a list")?,
+        cfg,
+    )?;
 
     let routes = get_mut(hcm, &["route_config", "virtual_hosts"])?
         .get_mut(0)
@@ -256,6 +274,12 @@ pub fn render(
         out.push(c);
     }
     *clusters = out;
+    for addr in &opts.grpc {
+        crate::peer_auth::check_listen(*addr, &cfg.grpc).map_err(|e| format!("--grpc: {e}"))?;
+    }
+    if let Some(token) = cfg.grpc.token().map_err(|e| e.to_string())? {
+        crate::bootstrap_token::write(&mut doc, &token)?;
+    }
     yaml_serde::to_string(&doc).map_err(|e| e.to_string())
 }
 
@@ -368,7 +392,8 @@ mod tests {
     /// Envoy health-checks over grpc.health.v1; the single default is unchanged.
     #[test]
     fn several_instances_share_one_health_checked_cluster() {
-        let cfg = RouterConfig::parse(ROUTER).unwrap();
+        let cfg =
+            RouterConfig::parse(&format!("{ROUTER}\ngrpc: {{ trusted_network: true }}\n")).unwrap();
         let grpc = vec![
             "10.0.0.7:50051".parse().unwrap(),
             "10.0.0.8:50052".parse().unwrap(),
@@ -518,6 +543,62 @@ mod tests {
         }
         assert!(out.contains("override_host"));
         assert!(out.contains("node:"), "EDS needs a node identity");
+    }
+
+    /// `grpc.token_file`: every call Envoy makes to fleetroute carries the
+    /// token (routing, access log, ADS, health checks), and nothing else
+    /// changes; beyond loopback no address is rendered without a peer check.
+    #[test]
+    fn the_grpc_token_reaches_every_call_to_fleetroute() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), "tok-0123456789abcdef\n").unwrap();
+        let cfg = RouterConfig::parse(&format!(
+            "{ROUTER}\ngrpc: {{ token_file: '{}' }}\n",
+            f.path().display()
+        ))
+        .unwrap();
+        let out = render(TEMPLATE, &cfg, &opts()).unwrap();
+        let doc: Value = yaml_serde::from_str(&out).unwrap();
+        let meta = |v: &Value| v["initial_metadata"][0].clone();
+        let want: Value =
+            yaml_serde::from_str("{ key: authorization, value: 'Bearer tok-0123456789abcdef' }")
+                .unwrap();
+        assert_eq!(
+            meta(&doc["dynamic_resources"]["ads_config"]["grpc_services"][0]),
+            want
+        );
+        let hcm = &doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"];
+        let ext_proc = hcm["http_filters"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|f| f["name"] == "envoy.filters.http.ext_proc")
+            .unwrap();
+        assert_eq!(meta(&ext_proc["typed_config"]["grpc_service"]), want);
+        assert_eq!(
+            meta(&hcm["access_log"][0]["typed_config"]["common_config"]["grpc_service"]),
+            want
+        );
+        let c = clusters(&out)
+            .into_iter()
+            .find(|c| c["name"] == "fleetroute")
+            .unwrap();
+        assert_eq!(
+            c["health_checks"][0]["grpc_health_check"]["initial_metadata"][0]["header"],
+            want
+        );
+        assert_eq!(out.matches("tok-0123456789abcdef").count(), 4);
+        // Without a token nothing is added.
+        let plain = render(TEMPLATE, &RouterConfig::parse(ROUTER).unwrap(), &opts()).unwrap();
+        assert!(!plain.contains("initial_metadata"));
+        // A fleetroute beyond loopback needs a peer check.
+        let far = BootstrapOptions {
+            grpc: vec!["10.0.0.7:50051".parse().unwrap()],
+            ..opts()
+        };
+        let e = render(TEMPLATE, &RouterConfig::parse(ROUTER).unwrap(), &far).unwrap_err();
+        assert!(e.contains("grpc.token_file"), "{e}");
+        assert!(render(TEMPLATE, &cfg, &far).is_ok());
     }
 
     /// `--static-endpoints`: the config's members in the file, nothing asked.

@@ -182,6 +182,10 @@ pub struct Metrics {
     pub eds_streams: Gauge,
     pub eds_requests: Family<ResultLabel, Counter>,
     pub eds_updates: Counter,
+    /// gRPC calls refused for want of the token, by result.
+    pub grpc_refused: Family<ResultLabel, Counter>,
+    /// Requests refused 401: the identity source named no tenant.
+    pub unidentified: Family<ResultLabel, Counter>,
     /// Prefix-index changes shared with other instances (`peers`).
     pub peer_updates: Family<ResultLabel, Counter>,
     /// Bytes written to and read from the peer link.
@@ -251,6 +255,8 @@ impl Metrics {
             envoy_access_log: Family::default(),
             eds_streams: Gauge::default(),
             eds_requests: Family::default(),
+            grpc_refused: Family::default(),
+            unidentified: Family::default(),
             eds_updates: Counter::default(),
             peer_updates: Family::default(),
             peer_bytes: Family::default(),
@@ -407,8 +413,23 @@ impl Metrics {
         );
         r.register(
             "eds_requests",
-            "EDS requests from Envoy, by result: subscribe (a stream's first), ack, nack (Envoy refused a response and kept its endpoints), stale (answers an older response), unsupported (another type on ADS, ignored), invalid (ended the stream), refused (too many streams)",
+            "EDS requests from Envoy, by result: subscribe (a stream's first), ack, nack (Envoy refused a response and kept its endpoints), stale (answers an older response), unsupported (another type on ADS, ignored), invalid (ended the stream), silent (no request within 10 s: ended), refused (too many streams, or too many from one peer address)",
             m.eds_requests.clone(),
+        );
+        r.register(
+            "grpc_refused",
+            "gRPC calls refused before any service saw them (grpc.token_file), by result: missing (no authorization), wrong (another token)",
+            m.grpc_refused.clone(),
+        );
+        for result in ["missing", "wrong"] {
+            drop(m.grpc_refused.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
+        r.register(
+            "unidentified",
+            "Requests answered 401 because tenants.identity named no tenant, by result: missing_api_key, invalid_api_key (not among the keys), tenant_claim_missing (no verified token, or no tenant claim in it)",
+            m.unidentified.clone(),
         );
         r.register(
             "eds_updates",
@@ -422,6 +443,7 @@ impl Metrics {
             "stale",
             "unsupported",
             "invalid",
+            "silent",
             "refused",
         ] {
             drop(m.eds_requests.get_or_create(&ResultLabel {
@@ -593,6 +615,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc_by(n);
+    }
+
+    /// A request refused 401 for want of a tenant (`code`: why).
+    pub fn count_unidentified(&self, code: &str) {
+        self.unidentified
+            .get_or_create(&ResultLabel {
+                result: code.into(),
+            })
+            .inc();
     }
 
     pub fn render(&self) -> String {

@@ -3,7 +3,7 @@
 //! listener (ext_proc, access log, EDS) and admin listener.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
@@ -94,13 +94,20 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     tokio::spawn(crate::state::health::run_warmups(shared.clone()));
     tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
     tokio::spawn(crate::state::sources::run_sources(shared.clone()));
-    let reloader = Reloader::new(shared.clone(), opts.config.clone());
+    let reloader = Reloader::new(shared.clone(), opts.config.clone())
+        .serving_grpc_on(opts.grpc)
+        .watching(&cfg);
     tokio::spawn(reload_on_sighup(reloader.clone()));
     tokio::spawn(reload_on_change(reloader.clone()));
     if let Some(addr) = opts.envoy_admin {
         tokio::spawn(crate::observe::envoy_stats::run(shared.clone(), addr));
     }
 
+    crate::peer_auth::check_listen(opts.grpc, &cfg.grpc).map_err(|e| format!("--grpc: {e}"))?;
+    if !cfg.grpc.authenticated() {
+        tracing::warn!(grpc = %opts.grpc, "gRPC calls are not authenticated (no grpc.token_file): \
+            any local process may route, report outcomes and list members");
+    }
     let grpc = TcpListener::bind(opts.grpc)
         .await
         .map_err(|e| format!("gRPC listener {}: {e}", opts.grpc))?;
@@ -128,6 +135,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let (health, health_service) = tonic_health::server::health_reporter();
     tokio::spawn(report_health(shared.clone(), health));
     tonic::transport::Server::builder()
+        // Every call, whatever its service, shows the token first.
+        .layer(tonic::service::InterceptorLayer::new(
+            crate::peer_auth::PeerAuth::new(shared.clone()),
+        ))
         // An Envoy that vanished without closing its connection would keep
         // its EDS stream (and access log streams) open: ping, and drop the
         // connection when pings go unanswered.
@@ -180,24 +191,32 @@ async fn reload_on_sighup(reloader: Reloader) {
     }
 }
 
-/// Polls the file's modification time and size: works for editors that
-/// replace the file and for mounted config maps alike.
+/// Polls the config file's and its secret files' modification times and
+/// sizes: works for editors that replace a file and for mounted config maps
+/// and secrets alike.
 async fn reload_on_change(reloader: Reloader) {
-    let stamp = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+    let stamp = |paths: &[std::path::PathBuf]| {
+        paths
+            .iter()
+            .map(|p| {
+                std::fs::metadata(p)
+                    .ok()
+                    .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+            })
+            .collect::<Vec<_>>()
     };
-    let path = reloader.path();
-    let mut last = stamp(path);
+    let mut watched = reloader.watched();
+    let mut last = stamp(&watched);
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let now = stamp(path);
-        if now.is_some() && now != last {
-            last = now;
+        let now = stamp(&watched);
+        // The config file must be there; a secret file may be mid-rotation.
+        if now.first().is_some_and(Option::is_some) && now != last {
             if let Err(e) = reloader.reload("file changed").await {
                 tracing::error!("{e}");
             }
+            watched = reloader.watched();
+            last = stamp(&watched);
         }
     }
 }

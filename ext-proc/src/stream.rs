@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpHeaders, ProcessingRequest, ProcessingResponse, processing_request::Request,
@@ -20,9 +21,10 @@ use crate::admission::judge::Refusal;
 use crate::admission::{Admission, Judged, Retried, Ticket, reply};
 use crate::decision_trace::DecisionSpan;
 use crate::route::place::{Placed, admit_and_commit, audit_overloaded, decide_on};
-use crate::route::{key::RouteKey, mutation};
+use crate::route::{Reject, key::RouteKey, mutation};
 use crate::state::Shared;
 use crate::state::lease::LeaseInput;
+use crate::stream_limit::FIRST_MESSAGE;
 
 pub struct Service {
     shared: Arc<Shared>,
@@ -73,6 +75,7 @@ pub async fn route_request<'a>(
     shared: &Shared,
     admission: &Admission,
     headers: &'a HttpHeaders,
+    metadata: Option<&'a Metadata>,
 ) -> Answer<'a> {
     let Some(map) = headers.headers.as_ref() else {
         return Answer::Now(mutation::pass().into());
@@ -81,6 +84,13 @@ pub async fn route_request<'a>(
     let mut key = RouteKey::from_headers(map);
     if key.list_models {
         return Answer::Now(mutation::model_list(&shared.snapshot().topo).into());
+    }
+    // Who the tenant is, by the configured source only.
+    if let Err(why) = shared.snapshot().topo.identity.apply(&mut key, metadata) {
+        shared.metrics.count_unidentified(why.code());
+        let reject = Reject::Unidentified(why);
+        trace.rejected(&reject);
+        return Answer::Now(mutation::reject(&reject).into());
     }
     key.spread_anonymous(fastrand::u64(..));
     let decided = {
@@ -264,8 +274,17 @@ impl ExternalProcessor for Service {
             // The request this stream routed, whose lease later messages
             // report on.
             let mut routed: Option<u64> = None;
+            // Envoy opens a stream to send a request's headers at once: one
+            // that stays silent is not Envoy, and holds no task for long.
+            let mut next = match tokio::time::timeout(FIRST_MESSAGE, inbound.message()).await {
+                Ok(Ok(Some(msg))) => Some(msg),
+                _ => return,
+            };
             // A reset stream ends the loop like a clean close.
-            while let Ok(Some(msg)) = inbound.message().await {
+            while let Some(msg) = match next.take() {
+                Some(m) => Some(m),
+                None => inbound.message().await.ok().flatten(),
+            } {
                 // An observing filter from an older bootstrap: outcomes now come
                 // from the access log. Envoy ignores replies in this mode; end
                 // the call with the response rather than hold it open.
@@ -283,7 +302,8 @@ impl ExternalProcessor for Service {
                 }
                 let reply = match &msg.request {
                     Some(Request::RequestHeaders(h)) => {
-                        let answer = match route_request(&shared, &admission, h).await {
+                        let metadata = msg.metadata_context.as_ref();
+                        let answer = match route_request(&shared, &admission, h, metadata).await {
                             Answer::Now(r) => r,
                             Answer::Held(held) => {
                                 // Without this Envoy gives up after its

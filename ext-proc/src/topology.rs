@@ -40,6 +40,10 @@ pub struct Topology {
     pub layout: u64,
     /// The `GET /v1/models` answer (OpenAI's list), built once per topology.
     pub model_list: Vec<u8>,
+    /// The `authorization` every gRPC call must carry (`grpc.token_file`).
+    pub grpc_token: Option<ApiKey>,
+    /// Where a request's tenant comes from (`tenants.identity`).
+    pub identity: crate::tenancy::identity::Identity,
 }
 
 #[derive(Clone, Debug)]
@@ -314,6 +318,8 @@ impl Topology {
             generation,
             layout,
             model_list: model_list::body(cfg).into_bytes(),
+            grpc_token: cfg.grpc_token().cloned(),
+            identity: crate::tenancy::identity::Identity::from_config(cfg),
         }
     }
 
@@ -418,6 +424,8 @@ impl Topology {
             generation: 0,
             layout: 0,
             model_list: br#"{"object":"list","data":[]}"#.to_vec(),
+            grpc_token: None,
+            identity: crate::tenancy::identity::Identity::None,
         }
     }
 }

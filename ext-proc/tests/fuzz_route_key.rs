@@ -84,7 +84,7 @@ proptest! {
         prop_assert!(rid.starts_with(k.request_id), "request id not taken from its header");
         // The tenant: the last copy, cut like the request id (bounded).
         let tenant = last(&map, contract::TENANT).unwrap_or("");
-        prop_assert!(tenant.starts_with(k.tenant) && k.tenant.len() <= 128);
+        prop_assert!(tenant.starts_with(&*k.tenant) && k.tenant.len() <= 128);
         prop_assert_eq!(k.tenant.len(), fleetroute::route::key::truncate_id(tenant).len());
 
         let model = last(&map, contract::MODEL).filter(|m| !m.is_empty());

@@ -26,9 +26,13 @@ pub struct FilterConfig {
     pub max_blocks: usize,
     /// Client header carrying a residency (comma-separated regions), if any.
     pub residency_header: Option<String>,
-    /// Client header naming the tenant. Without it the tenant is a hash of the
-    /// bearer token (never the token itself).
+    /// Client header naming the tenant, trusted as such: set only when a
+    /// gateway in front writes it (router config `tenants.identity.source:
+    /// header`). Unset: no header names a tenant.
     pub tenant_header: Option<String>,
+    /// Hand on the SHA-256 of the client's bearer token (router config
+    /// `tenants.identity.source: api_key`, which maps it to a tenant).
+    pub api_key_hash: bool,
 }
 
 impl Default for FilterConfig {
@@ -42,6 +46,7 @@ impl Default for FilterConfig {
             max_blocks: 256,
             residency_header: Some("x-residency".into()),
             tenant_header: None,
+            api_key_hash: false,
         }
     }
 }

@@ -24,7 +24,13 @@ pub const MODEL: &str = "x-fleetroute-model";
 pub const KEY: &str = "x-fleetroute-key";
 pub const KEY_SOURCE: &str = "x-fleetroute-key-source";
 pub const RESIDENCY: &str = "x-fleetroute-residency";
+/// The tenant a trusted header named (the filter's `tenant_header`, set only
+/// when the router config trusts a gateway in front to write it).
 pub const TENANT: &str = "x-fleetroute-tenant";
+/// SHA-256 (hex) of the client's bearer token, when the filter is told to
+/// hash it (`api_key_hash`): ext-proc maps it to a tenant. The token itself
+/// never leaves the filter.
+pub const KEY_HASH: &str = "x-fleetroute-key-hash";
 pub const BLOCKS: &str = "x-fleetroute-blocks";
 pub const BLOCK_TOKENS: &str = "x-fleetroute-block-tokens";
 pub const PROMPT_TOKENS: &str = "x-fleetroute-prompt-tokens";
@@ -81,6 +87,7 @@ pub const REQUEST_HEADERS: &[&str] = &[
     KEY_SOURCE,
     RESIDENCY,
     TENANT,
+    KEY_HASH,
     BLOCKS,
     BLOCK_TOKENS,
     PROMPT_TOKENS,

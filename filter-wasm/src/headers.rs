@@ -64,11 +64,13 @@ pub fn on_request_headers(
         }
     }
     let tenant_value = cfg.tenant_header.as_deref().and_then(|h| host.header(h));
-    if let Some(t) = tenant::tenant(
-        tenant_value.as_deref(),
-        host.header("authorization").as_deref(),
-    ) {
+    if let Some(t) = tenant::tenant(tenant_value.as_deref()) {
         host.set_header(contract::TENANT, Some(&t));
+    }
+    if cfg.api_key_hash
+        && let Some(h) = tenant::key_hash(host.header("authorization").as_deref())
+    {
+        host.set_header(contract::KEY_HASH, Some(&h));
     }
     let method = host.header(":method").unwrap_or_default();
     let path = host.header(":path").unwrap_or_default();
@@ -221,7 +223,7 @@ mod tests {
     }
 
     #[test]
-    fn the_tenant_comes_from_its_header_or_a_hash_of_the_token() {
+    fn only_a_trusted_header_names_a_tenant_and_only_a_hash_of_the_key_leaves() {
         let cfg = FilterConfig {
             tenant_header: Some("x-tenant".into()),
             ..FilterConfig::default()
@@ -230,17 +232,38 @@ mod tests {
         on_request_headers(&mut h, &cfg, false);
         assert_eq!(h.get(contract::TENANT), Some("acme"));
 
-        let mut h = FakeHost::request("POST", CHAT, &[("authorization", "Bearer sk-secret")]);
+        // Not configured as trusted: a client's header names no one, and a
+        // token names no one either unless its hash is asked for.
+        let mut h = FakeHost::request(
+            "POST",
+            CHAT,
+            &[("x-tenant", "acme"), ("authorization", "Bearer sk-secret")],
+        );
         on_request_headers(&mut h, &FilterConfig::default(), false);
-        let t = h
-            .get(contract::TENANT)
-            .expect("a tenant from the token")
-            .to_string();
-        assert!(!t.contains("sk-secret"), "the token leaked: {t}");
-        assert_eq!(Some(t), tenant::tenant(None, Some("Bearer sk-secret")));
+        assert_eq!(h.get(contract::TENANT), None);
+        assert_eq!(h.get(contract::KEY_HASH), None);
 
-        let mut h = FakeHost::request("POST", CHAT, &[]);
-        on_request_headers(&mut h, &FilterConfig::default(), false);
+        let hashing = FilterConfig {
+            api_key_hash: true,
+            ..FilterConfig::default()
+        };
+        let mut h = FakeHost::request("POST", CHAT, &[("authorization", "Bearer sk-secret")]);
+        on_request_headers(&mut h, &hashing, false);
+        let k = h
+            .get(contract::KEY_HASH)
+            .expect("the key's hash")
+            .to_string();
+        assert!(!k.contains("sk-secret"), "the token leaked: {k}");
+        assert_eq!(Some(k), tenant::key_hash(Some("Bearer sk-secret")));
+        assert_eq!(h.get(contract::TENANT), None);
+        // A client's copy of either header never survives.
+        let mut h = FakeHost::request(
+            "POST",
+            CHAT,
+            &[(contract::KEY_HASH, "forged"), (contract::TENANT, "forged")],
+        );
+        on_request_headers(&mut h, &hashing, false);
+        assert_eq!(h.get(contract::KEY_HASH), None);
         assert_eq!(h.get(contract::TENANT), None);
     }
 

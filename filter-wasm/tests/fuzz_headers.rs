@@ -61,21 +61,17 @@ proptest! {
     }
 
     /// A tenant is always a short header-safe value, the same for the same
-    /// input, and never carries the bearer token.
+    /// input, and only a trusted header names one.
     #[test]
-    fn tenant_is_safe(header in proptest::option::of(header_value()),
-                      token in "sk-[A-Za-z0-9]{8,40}", scheme in "Bearer |bearer |Basic |") {
-        let auth = format!("{scheme}{token}");
-        let t = tenant::tenant(header.as_deref(), Some(&auth));
-        prop_assert_eq!(&t, &tenant::tenant(header.as_deref(), Some(&auth)));
+    fn tenant_is_safe(header in proptest::option::of(header_value())) {
+        let t = tenant::tenant(header.as_deref());
+        prop_assert_eq!(&t, &tenant::tenant(header.as_deref()));
         if let Some(t) = &t {
             prop_assert!(!t.is_empty() && t.len() <= 128);
             prop_assert!(t.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b)), "{:?}", t);
-            prop_assert!(!t.contains(&token));
         }
         let has_header = header.as_deref().is_some_and(|h| !h.trim().is_empty());
-        let bearer = scheme.eq_ignore_ascii_case("bearer ");
-        prop_assert_eq!(t.is_some(), has_header || bearer);
+        prop_assert_eq!(t.is_some(), has_header);
         // A plain header value passes unchanged.
         if let Some(h) = header.as_deref().map(str::trim).filter(|h| !h.is_empty() && h.len() <= 128
             && h.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.:@".contains(&b))) {
@@ -83,12 +79,26 @@ proptest! {
         }
     }
 
-    /// Different tokens give different tenants (no accidental sharing).
+    /// A key's hash is 64 hex digits, never holds the token, is the same for
+    /// the same token whatever the scheme's case, and only for a bearer token.
     #[test]
-    fn tenants_of_tokens_differ(a in "[A-Za-z0-9]{8,40}", b in "[A-Za-z0-9]{8,40}") {
+    fn key_hash_is_safe(token in "sk-[A-Za-z0-9]{8,40}", scheme in "Bearer |bearer |BEARER |Basic |") {
+        let h = tenant::key_hash(Some(&format!("{scheme}{token}")));
+        prop_assert_eq!(h.is_some(), scheme.eq_ignore_ascii_case("bearer "));
+        if let Some(h) = h {
+            prop_assert_eq!(h.len(), 64);
+            prop_assert!(h.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+            prop_assert!(!h.contains(&token));
+            prop_assert_eq!(Some(h), tenant::key_hash(Some(&format!("Bearer {token}"))));
+        }
+    }
+
+    /// Different tokens give different hashes (no accidental sharing).
+    #[test]
+    fn hashes_of_tokens_differ(a in "[A-Za-z0-9]{8,40}", b in "[A-Za-z0-9]{8,40}") {
         prop_assume!(a != b);
-        let ta = tenant::tenant(None, Some(&format!("Bearer {a}")));
-        let tb = tenant::tenant(None, Some(&format!("Bearer {b}")));
+        let ta = tenant::key_hash(Some(&format!("Bearer {a}")));
+        let tb = tenant::key_hash(Some(&format!("Bearer {b}")));
         prop_assert_ne!(ta, tb);
     }
 

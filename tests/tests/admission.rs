@@ -43,6 +43,8 @@ fn router(admission: bool) -> String {
 health_check: {{ interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }}
 admission: {{ max_wait_ms: 3000 }}
 tenants:
+  # A gateway in front is trusted to write x-tenant (the clients here).
+  identity: {{ source: header, header: x-tenant }}
   named:
     gold: {{ priority: critical }}
     batch: {{ priority: sheddable }}
@@ -301,6 +303,8 @@ const HOLD: &str = r#"
 health_check: { interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }
 admission: { max_wait_ms: 2500 }
 tenants:
+  # A gateway in front is trusted to write x-tenant (the clients here).
+  identity: { source: header, header: x-tenant }
   named:
     gold: { priority: critical }
 fleets:

@@ -217,11 +217,14 @@ const CLIENT_KEY: &str = "sk-client-0b1c";
 const FLEET_KEY: &str = "sk-fleet-9e2d";
 
 /// `chat` on our own fleet, `ext` on a provider with its own key, which
-/// would mirror to `base` if fleetroute let it.
+/// would mirror to `base` if fleetroute let it. A fleet's key goes only to
+/// an authenticated peer: Envoy calls fleetroute with the token in
+/// `{key_file}.grpc`.
 fn keyed_router(key_file: &str) -> String {
     format!(
         r#"
 health_check: {{ interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }}
+grpc: {{ token_file: '{key_file}.grpc' }}
 fleets:
   - {{ name: base, region: us, endpoints: ["{{b1}}"] }}
   - name: paid
@@ -247,6 +250,11 @@ fn a_fleets_key_replaces_the_clients_and_never_leaves_it() {
     let dir = tempfile::tempdir().unwrap();
     let key_file = dir.path().join("paid.key");
     std::fs::write(&key_file, format!("{FLEET_KEY}\n")).unwrap();
+    std::fs::write(
+        dir.path().join("paid.key.grpc"),
+        "models-grpc-token-0123456789",
+    )
+    .unwrap();
     let router = keyed_router(&key_file.display().to_string());
     let mut lab = Lab::start(
         ENGINE,

@@ -30,6 +30,8 @@ stages:
     fleets: [pool]
     residency: us
 tenants:
+  # A gateway in front is trusted to write x-tenant (the clients here).
+  identity: { source: header, header: x-tenant }
   named:
     acme: { tokens_per_minute: 10000000, max_requests_in_flight: 100, budget: { usd: 1000, per: day } }
     tight: { tokens_per_minute: 300 }

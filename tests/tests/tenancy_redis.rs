@@ -25,6 +25,8 @@ stages:
     models: [m1]
     fleets: [pool]
 tenants:
+  # A gateway in front is trusted to write x-tenant (the clients here).
+  identity: { source: header, header: x-tenant }
   named:
     acme: { tokens_per_minute: 4000 }
     small: { tokens_per_minute: 300 }

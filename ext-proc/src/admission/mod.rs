@@ -273,7 +273,7 @@ impl Admission {
         let Some(cfg) = &stage.admission else {
             return Judged::Admit(decision);
         };
-        let class = match self.class(snap, headers, key.tenant) {
+        let class = match self.class(snap, headers, &key.tenant) {
             Ok(c) => c,
             Err(bad) => return Judged::Invalid(bad),
         };

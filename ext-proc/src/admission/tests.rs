@@ -90,7 +90,7 @@ impl Lab {
     fn key<'a>(model: &'a str, tenant: &'a str, tokens: u32) -> RouteKey<'a> {
         RouteKey {
             model: Some(model),
-            tenant,
+            tenant: tenant.into(),
             prompt_tokens: tokens,
             key: u64::from(tokens) ^ xxh3_64(tenant.as_bytes()),
             ..Default::default()

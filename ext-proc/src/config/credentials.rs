@@ -44,6 +44,34 @@ impl fmt::Debug for ApiKey {
 
 /// Reads the key `c` points at; errors are at `p` (`fleets[i].credentials`).
 pub fn read(c: &CredentialsConfig, p: &str) -> Result<ApiKey, ConfigError> {
+    let fields = ["api_key_file", "api_key_env"];
+    let key = read_secret(
+        c.api_key_file.as_deref(),
+        c.api_key_env.as_deref(),
+        p,
+        fields,
+    )?;
+    Ok(ApiKey::bearer(&key))
+}
+
+impl ApiKey {
+    /// `Bearer <key>`.
+    pub(super) fn bearer(key: &[u8]) -> ApiKey {
+        let mut v = b"Bearer ".to_vec();
+        v.extend_from_slice(key);
+        ApiKey(v)
+    }
+}
+
+/// A secret from exactly one of a file and an environment variable, trimmed
+/// and checked to travel in a header; errors are at `p`, naming the field
+/// (`fields`: the file's and the variable's), never the secret.
+pub(super) fn read_secret(
+    file: Option<&str>,
+    env: Option<&str>,
+    p: &str,
+    [file_field, env_field]: [&str; 2],
+) -> Result<Vec<u8>, ConfigError> {
     let err = |field: &str, message: String| ConfigError {
         path: if field.is_empty() {
             p.to_string()
@@ -52,18 +80,18 @@ pub fn read(c: &CredentialsConfig, p: &str) -> Result<ApiKey, ConfigError> {
         },
         message,
     };
-    let (field, raw) = match (&c.api_key_file, &c.api_key_env) {
+    let (field, raw) = match (file, env) {
         (Some(path), None) => (
-            "api_key_file",
+            file_field,
             std::fs::read(path)
-                .map_err(|e| err("api_key_file", format!("cannot read '{path}': {e}")))?,
+                .map_err(|e| err(file_field, format!("cannot read '{path}': {e}")))?,
         ),
         (None, Some(var)) => (
-            "api_key_env",
+            env_field,
             std::env::var_os(var)
                 .ok_or_else(|| {
                     err(
-                        "api_key_env",
+                        env_field,
                         format!("environment variable '{var}' is not set"),
                     )
                 })?
@@ -72,7 +100,7 @@ pub fn read(c: &CredentialsConfig, p: &str) -> Result<ApiKey, ConfigError> {
         _ => {
             return Err(err(
                 "",
-                "set exactly one of api_key_file, api_key_env".into(),
+                format!("set exactly one of {file_field}, {env_field}"),
             ));
         }
     };
@@ -93,9 +121,7 @@ pub fn read(c: &CredentialsConfig, p: &str) -> Result<ApiKey, ConfigError> {
             "the key must be printable ASCII without spaces (it travels in a header)".into(),
         ));
     }
-    let mut v = b"Bearer ".to_vec();
-    v.extend_from_slice(key);
-    Ok(ApiKey(v))
+    Ok(key.to_vec())
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@ mod admission;
 mod credentials;
 mod defaults;
 mod envoy;
+mod grpc;
+mod identity;
 mod model;
 pub mod model_list;
 mod routing;
@@ -21,13 +23,15 @@ pub use admission::*;
 pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
+pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
+pub use identity::{ApiKeys, IdentityConfig, IdentitySource, JwtConfig};
 pub use model::*;
 pub use routing::*;
 pub use source::*;
 pub use stage_fleet::StageFleet;
 pub use tenants::*;
 pub use valid::{ValidConfig, validate};
-pub use validate::check_tenant_id;
+pub use validate::{check_tenant_id, client_header_name};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigError {

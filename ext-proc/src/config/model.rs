@@ -38,6 +38,9 @@ pub struct RouterConfig {
     /// How a request's priority class is found, and the longest hold.
     #[serde(default)]
     pub admission: super::AdmissionConfig,
+    /// Who may call the gRPC port (`grpc.rs`).
+    #[serde(default)]
+    pub grpc: super::GrpcConfig,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]

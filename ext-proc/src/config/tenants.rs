@@ -40,6 +40,9 @@ pub struct TenantsConfig {
     /// Which tenants get their own metric series.
     #[serde(default)]
     pub metrics: TenantMetricsConfig,
+    /// Where a request's tenant comes from (`identity.rs`).
+    #[serde(default)]
+    pub identity: super::IdentityConfig,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]

@@ -5,8 +5,10 @@
 //! (`EndpointDiscoveryService`: one stream per cluster, as Envoy 1.40 opens
 //! them for an `api_config_source`).
 //!
-//! Bounds: at most `MAX_STREAMS` streams at once (more are refused with
-//! RESOURCE_EXHAUSTED; Envoy retries with backoff); a request of at most
+//! Bounds: at most `MAX_STREAMS` streams at once, a quarter of them from one
+//! peer address (more are refused with RESOURCE_EXHAUSTED; Envoy retries
+//! with backoff); a stream that sends no request within
+//! `stream_limit::FIRST_MESSAGE` is ended; a request of at most
 //! `MAX_REQUEST_BYTES` with at most `protocol::MAX_NAMES` names; at most
 //! `QUEUED` responses waiting for Envoy to read, and a stream that cannot
 //! take one for `SEND_TIMEOUT` is ended (Envoy reconnects and gets the full
@@ -27,7 +29,7 @@ use envoy_types::pb::envoy::service::endpoint::v3::endpoint_discovery_service_se
     EndpointDiscoveryService, EndpointDiscoveryServiceServer,
 };
 use futures::Stream as FuturesStream;
-use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
@@ -35,6 +37,7 @@ use super::protocol::{Refused, Request, Stream};
 use super::resources::{self, Resources};
 use crate::metrics::ResultLabel;
 use crate::state::Shared;
+use crate::stream_limit::{FIRST_MESSAGE, StreamLimit};
 
 /// Streams served at once: one per Envoy over ADS (the rendered bootstrap),
 /// one per cluster over plain EDS.
@@ -47,8 +50,7 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Service {
     shared: Arc<Shared>,
     resources: watch::Receiver<Arc<Resources>>,
-    streams: Arc<Semaphore>,
-    streams_max: usize,
+    streams: Arc<StreamLimit>,
 }
 
 /// The two gRPC services over one `Service` (one stream bound for both).
@@ -69,8 +71,7 @@ impl Service {
         let service = Arc::new(Service {
             shared,
             resources,
-            streams: Arc::new(Semaphore::new(max_streams)),
-            streams_max: max_streams,
+            streams: StreamLimit::new("EDS", max_streams, max_streams.div_ceil(4)),
         });
         Servers {
             ads: AggregatedDiscoveryServiceServer::from_arc(service.clone())
@@ -81,14 +82,16 @@ impl Service {
     }
 
     /// Takes a place for a new stream and serves it on a task.
-    fn open(&self, inbound: Streaming<DiscoveryRequest>, kind: Kind) -> Result<Out, Status> {
-        let Ok(permit) = self.streams.clone().try_acquire_owned() else {
+    fn open(
+        &self,
+        request: GrpcRequest<Streaming<DiscoveryRequest>>,
+        kind: Kind,
+    ) -> Result<Out, Status> {
+        let peer = request.remote_addr().map(|a| a.ip());
+        let permit = self.streams.take(peer).inspect_err(|_| {
             count(&self.shared, "refused");
-            return Err(Status::resource_exhausted(format!(
-                "fleetroute serves at most {} EDS streams at once",
-                self.streams_max
-            )));
-        };
+        })?;
+        let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(QUEUED);
         let shared = self.shared.clone();
         let resources = self.resources.clone();
@@ -146,8 +149,7 @@ impl EndpointDiscoveryService for Service {
         &self,
         request: GrpcRequest<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Out>, Status> {
-        self.open(request.into_inner(), Kind::Eds)
-            .map(Response::new)
+        self.open(request, Kind::Eds).map(Response::new)
     }
 
     async fn delta_endpoints(
@@ -188,8 +190,7 @@ impl AggregatedDiscoveryService for Service {
         &self,
         request: GrpcRequest<Streaming<DiscoveryRequest>>,
     ) -> Result<Response<Out>, Status> {
-        self.open(request.into_inner(), Kind::Ads)
-            .map(Response::new)
+        self.open(request, Kind::Ads).map(Response::new)
     }
 
     async fn delta_aggregated_resources(
@@ -213,8 +214,15 @@ async fn serve_stream(
     let mut who = String::new();
     let mut started = false;
     let mut warned = false;
+    let silent = tokio::time::sleep(FIRST_MESSAGE);
+    tokio::pin!(silent);
     loop {
         let current = tokio::select! {
+            () = &mut silent, if !started => {
+                count(shared, "silent");
+                tracing::warn!("EDS stream ended: no request within {FIRST_MESSAGE:?}");
+                break;
+            }
             msg = inbound.message() => {
                 let req = match msg {
                     Ok(Some(req)) => req,

@@ -26,15 +26,22 @@ use crate::metrics::ResultLabel;
 use crate::peers::PeerLink;
 use crate::route::experiment::Arm;
 use crate::state::{Event, Shared};
+use crate::stream_limit::{FIRST_MESSAGE, StreamLimit};
 
 /// The custom tag (`custom_tags` in the bootstrap) with the time from the
 /// request's start to the first upstream body byte, in microseconds.
 pub const TTFB_TAG: &str = "ttfb_us";
 
+/// Access log streams at once (one per Envoy worker), and from one peer
+/// address (an Envoy with as many workers as it may have).
+pub const MAX_STREAMS: usize = 4096;
+pub const MAX_STREAMS_PER_PEER: usize = 1024;
+
 pub struct LogService {
     shared: Arc<Shared>,
     /// Where entries of other instances' decisions go (none: applied here).
     peers: Option<PeerLink>,
+    streams: Arc<StreamLimit>,
 }
 
 impl LogService {
@@ -42,14 +49,15 @@ impl LogService {
         LogService {
             shared,
             peers: None,
+            streams: StreamLimit::new("access log", MAX_STREAMS, MAX_STREAMS_PER_PEER),
         }
     }
 
     /// Forwards entries of other instances' decisions to them.
     pub fn with_peers(shared: Arc<Shared>, peers: PeerLink) -> Self {
         LogService {
-            shared,
             peers: Some(peers),
+            ..Self::new(shared)
         }
     }
 }
@@ -60,9 +68,19 @@ impl AccessLogService for LogService {
         &self,
         request: tonic::Request<Streaming<StreamAccessLogsMessage>>,
     ) -> Result<tonic::Response<StreamAccessLogsResponse>, Status> {
+        let _place = self.streams.take(request.remote_addr().map(|a| a.ip()))?;
         let mut inbound = request.into_inner();
+        // Envoy opens a stream to send its first batch: one that stays
+        // silent is not Envoy.
+        let mut next = match tokio::time::timeout(FIRST_MESSAGE, inbound.message()).await {
+            Ok(Ok(Some(msg))) => Some(msg),
+            _ => return Ok(tonic::Response::new(StreamAccessLogsResponse {})),
+        };
         // Ends when Envoy closes or resets the stream; it reconnects by itself.
-        while let Ok(Some(msg)) = inbound.message().await {
+        while let Some(msg) = match next.take() {
+            Some(m) => Some(m),
+            None => inbound.message().await.ok().flatten(),
+        } {
             if let Some(LogEntries::HttpLogs(batch)) = msg.log_entries {
                 for entry in &batch.log_entry {
                     observe(&self.shared, self.peers.as_ref(), entry);

@@ -50,7 +50,7 @@ pub async fn admit(
         // The decision's load lease ends it (see `state::lease`).
         ttl: None,
     };
-    match shared.tenants.admit(key.tenant, &est).await {
+    match shared.tenants.admit(&key.tenant, &est).await {
         Ok(reservation) => Ok(Charge {
             reservation,
             price,
@@ -72,7 +72,7 @@ fn refused(
     r: &Refusal,
 ) -> Reject {
     // The id the limits were counted under (`other` for untracked tenants).
-    let tenant = shared.tenants.ledger().tenant(key.tenant).id.to_string();
+    let tenant = shared.tenants.ledger().tenant(&key.tenant).id.to_string();
     Reject::TenantLimit {
         stage: snap.topo.stages[d.stage].name.clone(),
         limit: limit_text(snap.tenant(&tenant), r.limit),

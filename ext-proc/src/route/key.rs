@@ -1,6 +1,8 @@
 //! The route headers the filter wrote, read without JSON and without copying
 //! anything but the block hashes.
 
+use std::borrow::Cow;
+
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute_filter::contract::{self, KeySource};
 use xxhash_rust::xxh3::xxh3_64;
@@ -33,9 +35,12 @@ pub struct RouteKey<'a> {
     /// The request's `max_tokens`, when it set one (bounds its load lease
     /// and its tenant's reservation).
     pub max_tokens: Option<u32>,
-    /// The tenant the filter found (its header value or a hash of the key),
-    /// truncated like the request id; empty when none.
-    pub tenant: &'a str,
+    /// The tenant: as the filter's trusted header named it, until the
+    /// configured identity source sets it (`tenancy::identity`); truncated
+    /// like the request id; empty when none.
+    pub tenant: Cow<'a, str>,
+    /// SHA-256 (hex) of the client's bearer token, when the filter hashed it.
+    pub key_hash: Option<&'a str>,
     /// `GET /v1/models`: answered with the model list, not routed.
     pub list_models: bool,
 }
@@ -76,7 +81,8 @@ impl<'a> RouteKey<'a> {
                 contract::MAX_TOKENS => k.max_tokens = v.parse().ok(),
                 contract::OPENING_BLOCKS => k.opening_blocks = v.parse().unwrap_or(0),
                 contract::CONTINUES => k.continues = v == "1",
-                contract::TENANT => k.tenant = truncate_id(v),
+                contract::TENANT => k.tenant = Cow::Borrowed(truncate_id(v)),
+                contract::KEY_HASH => k.key_hash = Some(v).filter(|h| h.len() == 64),
                 contract::ENDPOINT => k.list_models = v == contract::ENDPOINT_MODELS,
                 _ => {}
             }

@@ -17,6 +17,7 @@ pub mod stage;
 mod per_fleet_tests;
 
 use crate::state::Snapshot;
+use crate::tenancy::identity::Unidentified;
 use crate::topology::{FleetId, NonEmpty, ReplicaId, StageId};
 use key::RouteKey;
 
@@ -92,11 +93,14 @@ pub enum Reject {
         limit: String,
         retry_after_s: u64,
     },
+    /// The configured identity source names no tenant for it.
+    Unidentified(Unidentified),
 }
 
 impl Reject {
     pub fn status(&self) -> u16 {
         match self {
+            Reject::Unidentified(_) => 401,
             Reject::NoModel | Reject::UnknownModel(_) => 404,
             Reject::TenantLimit { .. } => 429,
             _ => 503,
@@ -106,7 +110,7 @@ impl Reject {
     /// The stage the request reached, when it reached one.
     pub fn stage(&self) -> Option<&str> {
         match self {
-            Reject::NoModel | Reject::UnknownModel(_) => None,
+            Reject::NoModel | Reject::UnknownModel(_) | Reject::Unidentified(_) => None,
             Reject::NoReadyReplica { stage, .. }
             | Reject::ResidencyUnsatisfiable { stage, .. }
             | Reject::PolicyRefused { stage }
@@ -122,6 +126,7 @@ impl Reject {
             Reject::ResidencyUnsatisfiable { .. } => "residency_unsatisfiable",
             Reject::PolicyRefused { .. } => "no_acceptable_fleet",
             Reject::TenantLimit { code, .. } => code,
+            Reject::Unidentified(u) => u.code(),
         }
     }
 
@@ -132,6 +137,7 @@ impl Reject {
         match self {
             Reject::TenantLimit { code: "budget", .. } => "insufficient_quota",
             Reject::TenantLimit { .. } => "rate_limit_exceeded",
+            Reject::Unidentified(_) => "invalid_request_error",
             _ => "routing_error",
         }
     }
@@ -146,6 +152,7 @@ impl Reject {
 
     pub fn message(&self) -> String {
         match self {
+            Reject::Unidentified(u) => u.message().into(),
             Reject::NoModel => {
                 "the request names no model and no default stage is configured".into()
             }

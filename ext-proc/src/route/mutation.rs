@@ -196,6 +196,9 @@ pub fn reject(r: &Reject) -> ProcessingResponse {
     if let Some(s) = r.retry_after_s() {
         set_headers.push(header("retry-after", s.to_string()));
     }
+    if r.status() == 401 {
+        set_headers.push(header("www-authenticate", "Bearer".into()));
+    }
     ProcessingResponse {
         response: Some(Response::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {

@@ -31,6 +31,7 @@ fn rig(stage: &str) -> Rig {
     std::fs::write(key.path(), format!("{SECRET}\n")).unwrap();
     let text = format!(
         r#"
+grpc: {{ trusted_network: true }}
 fleets:
   - {{ name: base, region: us, endpoints: ["10.0.0.1:1"] }}
   - {{ name: burst, region: us, endpoints: ["10.0.1.1:1"] }}

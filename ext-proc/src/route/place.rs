@@ -134,7 +134,7 @@ pub fn audit_overloaded(shared: &Shared, key: &RouteKey<'_>, stage: &str, rule: 
     shared.tenants.audit(AuditRecord {
         time: clock::rfc3339_ms(Clock::real().now_ms()),
         request_id: key.request_id.to_string(),
-        tenant: shared.tenants.ledger().tenant(key.tenant).id.to_string(),
+        tenant: shared.tenants.ledger().tenant(&key.tenant).id.to_string(),
         model_requested: key.model.unwrap_or("").to_string(),
         stage: stage.to_string(),
         reason: rule.to_string(),
@@ -156,7 +156,7 @@ fn refused(
         return;
     }
     let topo = &snap.topo;
-    let tenant = shared.tenants.ledger().tenant(key.tenant).id.to_string();
+    let tenant = shared.tenants.ledger().tenant(&key.tenant).id.to_string();
     let (admission, fleet, replica, policy, reason) = match d {
         // Past the decision: the tenant's limit refused it.
         Some(d) => {

@@ -11,6 +11,7 @@ pub mod audit;
 pub mod charge;
 pub mod clock;
 pub mod config;
+pub mod identity;
 pub mod ledger;
 pub mod price;
 pub mod shared;

@@ -35,6 +35,9 @@ stages:
     fleets: [base, burst]
     residency: us
     routing: { policy: weighted, weights: { base: 3, burst: 1 } }
+# Each request names its own tenant (trusted here), so tenant tracking stays bounded under churn.
+tenants:
+  identity: { source: header, header: x-tenant }
 "#;
 
 #[derive(Parser)]

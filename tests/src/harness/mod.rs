@@ -93,7 +93,8 @@ pub struct Lab {
     pub replicas: BTreeMap<String, String>,
     pub router_path: PathBuf,
     pub bins: Binaries,
-    grpc: String,
+    /// fleetroute's gRPC address (instance 0).
+    pub grpc: String,
     admin_token: Option<String>,
     engine_args: Vec<String>,
     envoy_yaml: PathBuf,

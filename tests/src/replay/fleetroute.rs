@@ -155,7 +155,7 @@ impl Fleetroute {
             opening_blocks: req.system_blocks.min(req.blocks.len()) as u16,
             block_tokens: self.block_tokens,
             prompt_tokens: req.input_tokens as u32,
-            tenant: &req.tenant,
+            tenant: req.tenant.as_str().into(),
             ..Default::default()
         }
     }

@@ -1,8 +1,6 @@
 //! `admission:` and `stages[].admission:`: a priority header a client may
 //! send and ext-proc may read, objectives and queues in range.
 
-use fleetroute_filter::http::is_reserved_header;
-
 use super::Errors;
 use crate::config::{AdmissionConfig, MAX_QUEUE, MAX_WAIT_CAP_MS, Priority, StageAdmission};
 
@@ -13,20 +11,8 @@ const NOT_A_PRIORITY_HEADER: &[&str] = &["authorization", "cookie", "x-request-i
 pub(super) fn admission(a: &AdmissionConfig, e: &mut Errors) {
     if let Some(h) = &a.priority_header {
         let p = "admission.priority_header";
-        let lowercase = !h.is_empty()
-            && h.len() <= 64
-            && h.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !lowercase {
-            e.push(
-                p,
-                format!("'{h}' must be a lowercase HTTP header name of 1-64 bytes"),
-            );
-        } else if is_reserved_header(h) {
-            e.push(
-                p,
-                format!("'{h}' is reserved (the filter strips internal headers before ext-proc sees them)"),
-            );
+        if let Err(why) = super::client_header_name(h) {
+            e.push(p, why);
         } else if NOT_A_PRIORITY_HEADER.contains(&h.as_str()) {
             e.push(p, format!("'{h}' cannot name the priority class"));
         }

@@ -173,6 +173,26 @@ pub fn check_tenant_id(id: &str) -> Result<(), String> {
     tenants::tenant_id(id)
 }
 
+/// A client header the config names for ext-proc to read: a lowercase name,
+/// never an internal one (the filter strips those before ext-proc sees them).
+pub fn client_header_name(h: &str) -> Result<(), String> {
+    let lowercase = !h.is_empty()
+        && h.len() <= 64
+        && h.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+    if !lowercase {
+        Err(format!(
+            "'{h}' must be a lowercase HTTP header name of 1-64 bytes"
+        ))
+    } else if fleetroute_filter::http::is_reserved_header(h) {
+        Err(format!(
+            "'{h}' is reserved (the filter strips internal headers before ext-proc sees them)"
+        ))
+    } else {
+        Ok(())
+    }
+}
+
 fn health_check(hc: &HealthCheckConfig, e: &mut Errors) {
     e.url_path("health_check.path", &hc.path);
     e.at_least("health_check.interval_ms", hc.interval_ms, 10);

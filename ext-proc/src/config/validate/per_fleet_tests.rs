@@ -7,6 +7,7 @@ use crate::config::{RouterConfig, StageFleet};
 fn config(fleet_extra: &str, stage_fleets: &str, stage_extra: &str) -> String {
     format!(
         r#"
+grpc: {{ trusted_network: true }}
 fleets:
   - {{ name: base, region: us, endpoints: ["10.0.0.1:8000"] }}
   - {{ name: burst, region: us, endpoints: ["10.0.1.1:8000"]{fleet_extra} }}
@@ -121,6 +122,12 @@ fn credentials_are_read_and_their_errors_name_the_field() {
         let fleet_extra = format!(", credentials: {credentials}");
         expect(&config(&fleet_extra, "[base, burst]", ""), want);
     }
+    // A key goes only to routing calls from an authenticated peer.
+    let open = config(&good, "[base, burst]", "").replace("grpc: { trusted_network: true }\n", "");
+    expect(
+        &open,
+        "fleets[1].credentials: a fleet's key is attached only to routing calls from an authenticated peer",
+    );
     // A mirror would carry someone else's Authorization to it.
     expect(
         &config(
