@@ -22,6 +22,7 @@ pub mod redis_link;
 pub mod reload;
 pub mod route;
 pub mod serve;
+pub mod shutdown;
 pub mod state;
 pub mod stream;
 pub mod stream_limit;

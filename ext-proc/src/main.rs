@@ -76,6 +76,11 @@ enum Command {
         /// the pod name); without it, a random one at each start.
         #[arg(long, env = "FLEETROUTE_INSTANCE_ID")]
         instance_id: Option<String>,
+        /// On SIGTERM, how long to keep serving after readiness is withdrawn
+        /// (Envoy moves its calls meanwhile); then the listeners and streams
+        /// close, and the process exits at most 5 s later.
+        #[arg(long, env = "FLEETROUTE_DRAIN_MS", default_value_t = 3000)]
+        drain_ms: u64,
     },
     /// Validate a router config; prints every error with its field path.
     CheckConfig { file: PathBuf },
@@ -295,6 +300,7 @@ fn main() -> ExitCode {
             admin_token,
             envoy_admin,
             instance_id,
+            drain_ms,
         } => serve::run(ServeOptions {
             config,
             grpc,
@@ -302,6 +308,7 @@ fn main() -> ExitCode {
             admin_token,
             envoy_admin,
             instance_id,
+            drain: std::time::Duration::from_millis(drain_ms),
         }),
         Command::Endpoint {
             cmd: EndpointCmd::Get { stage, json, admin },

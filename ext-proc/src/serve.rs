@@ -17,6 +17,7 @@ use crate::admin::AdminState;
 use crate::config::RouterConfig;
 use crate::observe::access_log::LogService;
 use crate::reload::Reloader;
+use crate::shutdown::Phase;
 use crate::state::Writer;
 use crate::stream::Service;
 
@@ -31,12 +32,15 @@ pub struct ServeOptions {
     /// This instance's name among several (route tags, the peer link);
     /// none: a random one.
     pub instance_id: Option<String>,
+    /// How long a stopping instance keeps serving after it withdrew its
+    /// readiness (see `shutdown`).
+    pub drain: Duration,
 }
 
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// `fleetroute serve`: logs to stderr (`RUST_LOG`, default info) and serves
-/// until SIGTERM or Ctrl-C.
+/// until SIGTERM or Ctrl-C, then stops within the drain and `GRACE`.
 pub fn run(opts: ServeOptions) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -44,7 +48,11 @@ pub fn run(opts: ServeOptions) -> ExitCode {
         )
         .init();
     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
-    match rt.block_on(serve(opts)) {
+    let served = rt.block_on(serve(opts));
+    // Background tasks (probes, scrapes, the peer link) are dropped, and a
+    // blocking one (a lookup) is not waited for beyond this.
+    rt.shutdown_timeout(Duration::from_secs(1));
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("fleetroute: {e}");
@@ -119,11 +127,20 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     }
     tracing::info!(grpc = %grpc.local_addr()?, admin = %admin.local_addr()?, "fleetroute listening");
     let admin_app = crate::admin::router(AdminState::new(shared.clone(), reloader, token));
+    let stopping = shared.shutdown.clone();
     tokio::spawn(async move {
-        if let Err(e) = axum::serve(admin, admin_app).await {
+        let closed = async move { stopping.reached(Phase::Closing).await };
+        if let Err(e) = axum::serve(admin, admin_app)
+            .with_graceful_shutdown(closed)
+            .await
+        {
             tracing::error!("admin listener failed: {e}");
         }
     });
+    tokio::spawn(crate::shutdown::on_signals(
+        shared.shutdown.clone(),
+        opts.drain,
+    ));
     // Replies are small and latency-bound: no Nagle delay on the accepted
     // connections (the builder's nodelay only applies to listeners it binds).
     let incoming = tonic::transport::server::TcpIncoming::from(grpc).with_nodelay(Some(true));
@@ -149,17 +166,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         .add_service(AccessLogServiceServer::new(log))
         .add_service(discovery.ads)
         .add_service(discovery.eds)
-        .serve_with_incoming_shutdown(incoming, shutdown())
+        .serve_with_incoming_shutdown(incoming, shared.shutdown.reached(Phase::Closing))
         .await
         .map_err(|e| format!("gRPC server: {e}"))?;
+    tracing::info!("stopped");
     Ok(())
 }
 
 /// gRPC health (`grpc.health.v1`, for Envoy's active health checks of the
 /// ext_proc cluster): NOT_SERVING until ready as `/ready` says (every
 /// membership source answered or failed past its grace, every replica
-/// probed once), then SERVING for as long as the process runs. A dead
-/// process answers nothing, which is what moves Envoy off it.
+/// probed once), then SERVING until it is told to stop. A dead process
+/// answers nothing, which is what moves Envoy off it.
 async fn report_health(shared: std::sync::Arc<crate::state::Shared>, health: HealthReporter) {
     health
         .set_service_status("", ServingStatus::NotServing)
@@ -168,16 +186,10 @@ async fn report_health(shared: std::sync::Arc<crate::state::Shared>, health: Hea
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     health.set_service_status("", ServingStatus::Serving).await;
-}
-
-async fn shutdown() {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .expect("SIGTERM handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    tracing::info!("shutting down");
+    shared.shutdown.reached(Phase::Draining).await;
+    health
+        .set_service_status("", ServingStatus::NotServing)
+        .await;
 }
 
 async fn reload_on_sighup(reloader: Reloader) {

@@ -22,6 +22,7 @@ use crate::admission::{Admission, Judged, Retried, Ticket, reply};
 use crate::decision_trace::DecisionSpan;
 use crate::route::place::{Placed, admit_and_commit, audit_overloaded, decide_on};
 use crate::route::{Reject, key::RouteKey, mutation};
+use crate::shutdown::Phase;
 use crate::state::Shared;
 use crate::state::lease::LeaseInput;
 use crate::stream_limit::FIRST_MESSAGE;
@@ -238,6 +239,11 @@ async fn hold(
             // here is outside the protocol (nothing else is sent before the
             // request is answered), so the request is given up too.
             _ = inbound.message() => return None,
+            // Stopping: answered now rather than held past the grace.
+            () = shared.shutdown.reached(Phase::Closing) => {
+                let stage = ticket.stage_name().to_string();
+                return Some(overloaded(shared, &key, &stage, &ticket.refuse(Instant::now())).into());
+            }
             _ = tokio::time::sleep_until(deadline) => {
                 let stage = ticket.stage_name().to_string();
                 return Some(overloaded(shared, &key, &stage, &ticket.refuse(Instant::now())).into());

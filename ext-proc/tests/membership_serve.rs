@@ -172,6 +172,7 @@ async fn a_dns_fleet_follows_its_records_into_the_snapshot_and_the_decisions() {
         admin_token: None,
         envoy_admin: None,
         instance_id: None,
+        drain: fleetroute::shutdown::DRAIN,
     }));
 
     // The records' members appear, are probed, and take decisions.

@@ -77,9 +77,9 @@ pub fn router(state: AdminState) -> Router {
 
 /// Ready once every DNS or Kubernetes fleet's source has answered and every
 /// replica has been probed at least once; then it stays ready (replicas that
-/// join later are probed while the router serves).
+/// join later are probed while the router serves) until told to stop.
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
-    if !s.ready.load(Ordering::Relaxed) {
+    if !s.ready.load(Ordering::Relaxed) || s.shared.shutdown.draining() {
         if let Some(why) = views::not_ready(&s.shared, std::time::Instant::now()) {
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
         }

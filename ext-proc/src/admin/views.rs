@@ -136,6 +136,9 @@ pub const SOURCE_GRACE: Duration = Duration::from_secs(10);
 /// replica probed" would hold with nothing to route to; a source that
 /// failed is waited for until `SOURCE_GRACE`), or replicas not probed.
 pub fn not_ready(shared: &crate::state::Shared, now: Instant) -> Option<String> {
+    if shared.shutdown.draining() {
+        return Some("stopping: calls go to another instance".into());
+    }
     let snap = shared.snapshot();
     let waited = now.saturating_duration_since(shared.started);
     let unknown: Vec<&str> = snap

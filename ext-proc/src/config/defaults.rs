@@ -320,10 +320,11 @@ stages:
             .filter_map(|l| {
                 let cells: Vec<&str> = l.split('|').map(str::trim).collect();
                 let path = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
-                let text = cells.get(2)?.trim_matches('`');
-                let value = match text {
+                // `none` in backticks is the word, bare none is no value.
+                let cell = *cells.get(2)?;
+                let value = match cell {
                     "none" => Value::Null,
-                    t => yaml_serde::from_str(t).expect("a YAML value"),
+                    t => yaml_serde::from_str(t.trim_matches('`')).expect("a YAML value"),
                 };
                 Some((path.to_string(), value))
             })

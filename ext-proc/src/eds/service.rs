@@ -36,6 +36,7 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 use super::protocol::{Refused, Request, Stream};
 use super::resources::{self, Resources};
 use crate::metrics::ResultLabel;
+use crate::shutdown::Phase;
 use crate::state::Shared;
 use crate::stream_limit::{FIRST_MESSAGE, StreamLimit};
 
@@ -216,8 +217,13 @@ async fn serve_stream(
     let mut warned = false;
     let silent = tokio::time::sleep(FIRST_MESSAGE);
     tokio::pin!(silent);
+    let closing = shared.shutdown.reached(Phase::Closing);
+    tokio::pin!(closing);
     loop {
         let current = tokio::select! {
+            // Stopping: Envoy gets its endpoints from another instance, or
+            // from this one restarted.
+            () = &mut closing => break,
             () = &mut silent, if !started => {
                 count(shared, "silent");
                 tracing::warn!("EDS stream ended: no request within {FIRST_MESSAGE:?}");

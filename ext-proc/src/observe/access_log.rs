@@ -25,6 +25,7 @@ use super::usage::{PromptDetails, Usage};
 use crate::metrics::ResultLabel;
 use crate::peers::PeerLink;
 use crate::route::experiment::Arm;
+use crate::shutdown::Phase;
 use crate::state::{Event, Shared};
 use crate::stream_limit::{FIRST_MESSAGE, StreamLimit};
 
@@ -76,10 +77,16 @@ impl AccessLogService for LogService {
             Ok(Ok(Some(msg))) => Some(msg),
             _ => return Ok(tonic::Response::new(StreamAccessLogsResponse {})),
         };
-        // Ends when Envoy closes or resets the stream; it reconnects by itself.
+        // Ends when Envoy closes or resets the stream (it reconnects by
+        // itself), or when this instance stops.
+        let closing = self.shared.shutdown.reached(Phase::Closing);
+        tokio::pin!(closing);
         while let Some(msg) = match next.take() {
             Some(m) => Some(m),
-            None => inbound.message().await.ok().flatten(),
+            None => tokio::select! {
+                m = inbound.message() => m.ok().flatten(),
+                () = &mut closing => None,
+            },
         } {
             if let Some(LogEntries::HttpLogs(batch)) = msg.log_entries {
                 for entry in &batch.log_entry {

@@ -270,6 +270,9 @@ pub struct Shared {
     tenant_series: Mutex<tenant_metrics::TenantSeries>,
     /// When the state was made (readiness waits for sources from here).
     pub started: std::time::Instant,
+    /// Where stopping is: draining withdraws readiness, closing ends the
+    /// long-lived streams.
+    pub shutdown: Arc<crate::shutdown::Shutdown>,
 }
 
 impl std::fmt::Debug for Shared {

@@ -116,6 +116,7 @@ impl Writer {
             tenants: Accountant::new(&cfg.tenants, cfg.tenants_redis.as_ref()),
             tenant_series: Mutex::default(),
             started: Instant::now(),
+            shutdown: Arc::default(),
         });
         let writer = Writer {
             shared: shared.clone(),

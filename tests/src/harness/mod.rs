@@ -75,6 +75,8 @@ pub struct LabSpec<'a> {
     pub before_router: Option<&'a dyn Fn(&Replicas)>,
     /// More `peers` fields with `peers_redis`, e.g. `load_stale_ms: 0`.
     pub peers_options: &'a str,
+    /// More arguments for `fleetroute serve`, e.g. `--drain-ms 1000`.
+    pub serve_args: &'a [&'a str],
 }
 
 /// One fleetroute instance beyond the first (`Lab::fleetroute`).
@@ -96,6 +98,7 @@ pub struct Lab {
     /// fleetroute's gRPC address (instance 0).
     pub grpc: String,
     admin_token: Option<String>,
+    serve_args: Vec<String>,
     engine_args: Vec<String>,
     envoy_yaml: PathBuf,
     envoy_workers: u32,
@@ -249,11 +252,13 @@ impl Lab {
         std::fs::write(&envoy_yaml, &envoy_text).expect("write envoy config");
 
         let admin_token = spec.admin_token.map(str::to_string);
+        let serve_args: Vec<String> = spec.serve_args.iter().map(|a| a.to_string()).collect();
         let mut fleetroute = Self::spawn_fleetroute(
             &bins.fleetroute,
             &router_path,
             [&grpc, &admin, &envoy_admin],
             admin_token.as_deref(),
+            &serve_args,
             dir.path(),
             0,
         );
@@ -266,6 +271,7 @@ impl Lab {
                     &router_path,
                     [&grpc, &admin, &envoy_admin],
                     admin_token.as_deref(),
+                    &serve_args,
                     dir.path(),
                     i + 1,
                 ),
@@ -300,6 +306,7 @@ impl Lab {
             bins,
             grpc,
             admin_token,
+            serve_args,
             engine_args: spec.engine_args.iter().map(|a| a.to_string()).collect(),
             envoy_yaml,
             envoy_workers,
@@ -403,16 +410,19 @@ impl Lab {
     }
 
     /// `addrs`: gRPC, admin, Envoy admin.
+    #[allow(clippy::too_many_arguments)]
     fn spawn_fleetroute(
         bin: &Path,
         router: &Path,
         [grpc, admin, envoy_admin]: [&str; 3],
         token: Option<&str>,
+        serve_args: &[String],
         dir: &Path,
         n: usize,
     ) -> Proc {
         let mut cmd = Command::new(bin);
-        cmd.args(["serve", "--instance-id", &format!("fr{n}")]);
+        cmd.args(["serve", "--instance-id", &format!("fr{n}")])
+            .args(serve_args);
         cmd.arg("--config")
             .arg(router)
             .args([
@@ -460,6 +470,7 @@ impl Lab {
                 self.envoy_admin.trim_start_matches("http://"),
             ],
             self.admin_token.as_deref(),
+            &self.serve_args,
             self._dir.path(),
             i,
         );
@@ -519,6 +530,11 @@ impl Lab {
 
     pub fn restart_router(&mut self) {
         self.fleetroute.stop();
+        self.start_router();
+    }
+
+    /// Starts fleetroute (instance 0) on its ports and waits until ready.
+    pub fn start_router(&mut self) {
         self.fleetroute = Self::spawn_fleetroute(
             &self.bins.fleetroute,
             &self.router_path,
@@ -528,6 +544,7 @@ impl Lab {
                 self.envoy_admin.trim_start_matches("http://"),
             ],
             self.admin_token.as_deref(),
+            &self.serve_args,
             self._dir.path(),
             0,
         );

@@ -41,6 +41,30 @@ impl Proc {
         }
     }
 
+    /// Asks the process to stop (SIGTERM), without waiting.
+    pub fn terminate(&self) {
+        let pid = self.pid().expect("a running process");
+        let sent = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(sent.success(), "kill -TERM {pid}");
+    }
+
+    /// Waits at most `bound` for the process to exit: whether it did (it is
+    /// left running otherwise; `stop` kills it).
+    pub fn wait_exit(&mut self, bound: std::time::Duration) -> bool {
+        let started = std::time::Instant::now();
+        while started.elapsed() < bound {
+            if self.exited() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    }
+
     pub fn exited(&mut self) -> bool {
         match &mut self.child {
             Some(c) => c.try_wait().ok().flatten().is_some(),
