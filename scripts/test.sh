@@ -17,4 +17,5 @@ scripts/build.sh
 echo "==> tests"
 # End-to-end scenarios each start their own Envoy, ext-proc and engines on
 # free loopback ports; two at a time keeps a 2-core machine responsive.
-cargo test --workspace -- --test-threads "${TEST_THREADS:-2}"
+# Here a test that needs redis-server fails without it instead of skipping.
+FLEETROUTE_REQUIRE_REDIS=1 cargo test --workspace -- --test-threads "${TEST_THREADS:-2}"

@@ -135,6 +135,7 @@ fn redis(c: &mut Criterion) {
             timeout_ms: 1000,
         },
         Clock::real(),
+        "bench",
     )
     .unwrap();
     let t = shared.ledger().tenant("acme");

@@ -513,7 +513,7 @@ impl Metrics {
         );
         r.register(
             "tenant_redis",
-            "Shared tenant counters (tenants_redis): refills (slice claims), errors (failed round trips), fallback_decisions (decisions on the limit / instances share while Redis was unreachable), caught_up_tokens (spend reported after an outage)",
+            "Shared tenant counters (tenants_redis): refills (slice claims), errors (failed round trips), fallback_decisions (decisions on the limit / instances share while Redis was unreachable), caught_up_tokens (spend reported after an outage), restored_tokens (this instance's claims a Redis had lost and learned back)",
             m.tenant_redis.clone(),
         );
         r.register(
@@ -586,6 +586,7 @@ impl Metrics {
             "errors",
             "fallback_decisions",
             "caught_up_tokens",
+            "restored_tokens",
         ] {
             drop(m.tenant_redis.get_or_create(&ResultLabel {
                 result: result.into(),

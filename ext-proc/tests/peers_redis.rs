@@ -38,6 +38,11 @@ impl Redis {
             .output()
             .is_err()
         {
+            // scripts/test.sh sets this: there a missing server is a failure.
+            assert!(
+                std::env::var_os("FLEETROUTE_REQUIRE_REDIS").is_none(),
+                "redis-server is not on PATH (scripts/setup.sh installs it)"
+            );
             eprintln!("SKIPPED: redis-server not on PATH (scripts/setup.sh installs it)");
             return None;
         }

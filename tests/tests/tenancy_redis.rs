@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use fleetroute_tests::harness::client::{blocking_get, chat_body_tokens, metric_sum, post};
 use fleetroute_tests::harness::redis::Redis;
 use fleetroute_tests::harness::scenario::{FAST_ENGINES, chat_url};
-use fleetroute_tests::harness::{Lab, LabSpec, wait_until};
+use fleetroute_tests::harness::{Lab, LabSpec, pace, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
@@ -57,7 +57,7 @@ fn ask(lab: &Lab, tenant: &str) -> u16 {
     r.status
 }
 
-/// What Redis holds for a tenant this minute (its claimed slices).
+/// What Redis holds for a tenant this minute (every instance's claimed slices).
 fn redis_count(redis: &Redis, tenant: &str) -> u64 {
     let minute = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -65,14 +65,14 @@ fn redis_count(redis: &Redis, tenant: &str) -> u64 {
         .as_secs()
         / 60;
     let out = Command::new("redis-cli")
-        .args(["-p", &redis.port.to_string(), "GET"])
-        .arg(format!("e2e:tpm:{tenant}:{minute}"))
+        .args(["-p", &redis.port.to_string(), "HVALS"])
+        .arg(format!("e2e:tpm-by:{tenant}:{minute}"))
         .output()
         .expect("redis-cli");
     String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .unwrap_or(0)
+        .lines()
+        .filter_map(|l| l.trim().parse::<u64>().ok())
+        .sum()
 }
 
 #[test]
@@ -160,4 +160,102 @@ fn redis_shares_the_limits_and_a_dead_redis_leaves_the_fallback_share() {
     wait_until("slices claimed again", Duration::from_secs(10), || {
         redis_metric(&lab, "refills") > before
     });
+}
+
+const TWO_INSTANCES: &str = r#"
+health_check: { interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["{r1}", "{r2}"]
+stages:
+  - name: chat
+    models: [m1]
+    fleets: [pool]
+tenants:
+  identity: { source: header, header: x-tenant }
+  named:
+    acme: { tokens_per_minute: 3000 }
+tenants_redis: { url: "URL", instances: 2, prefix: e2e, timeout_ms: 300 }
+"#;
+
+/// Tokens charged to `tenant` by every instance.
+fn charged(lab: &Lab, tenant: &str) -> u64 {
+    lab.admins()
+        .iter()
+        .map(|admin| {
+            let (_, body) =
+                blocking_get(&format!("{admin}/v1/tenant?name={tenant}")).expect("admin");
+            let v: serde_json::Value = serde_json::from_str(&body).expect("a tenant view");
+            v["usage"]["tokens_charged"].as_u64().unwrap_or(0)
+        })
+        .sum()
+}
+
+#[test]
+fn a_redis_killed_and_restarted_empty_under_load_keeps_the_minute_within_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut redis = Redis::start(dir.path());
+    wait_until("the start of a UTC minute", Duration::from_secs(70), || {
+        let s = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 60;
+        (1..8).contains(&s)
+    });
+    let router = TWO_INSTANCES.replace("URL", &redis.url());
+    let lab = Lab::start(
+        ENGINE,
+        LabSpec {
+            router: &router,
+            engine_args: FAST_ENGINES,
+            instances: Some(2),
+            ..Default::default()
+        },
+    );
+    let second = || {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+            % 60
+    };
+    let (mut ok, mut refused) = (0, 0);
+    let mut restarted = false;
+    let mut stopped = false;
+    // Bounded: one request every 10 ms at most, until 50 s into the minute.
+    for _ in 0..6000 {
+        pace(Duration::from_millis(10));
+        let s = second();
+        if !(1..50).contains(&s) {
+            break;
+        }
+        if s >= 20 && !stopped {
+            redis.stop();
+            stopped = true;
+        }
+        if s >= 26 && !restarted {
+            redis.restart();
+            restarted = true;
+        }
+        match ask(&lab, "acme") {
+            200 => ok += 1,
+            _ => refused += 1,
+        }
+    }
+    assert!(stopped && restarted, "the minute ran out before the outage");
+    lab.wait_settled();
+    let total = charged(&lab, "acme");
+    let restored = redis_metric(&lab, "restored_tokens");
+    println!(
+        "one minute, limit 3000 tokens over 2 instances, Redis killed at :20 and restarted empty at :26: \
+         {ok} admitted, {refused} refused, {total} tokens charged (bound 4500); {restored} tokens restored to Redis by instance 0"
+    );
+    assert!(refused > 0, "the limit never bit");
+    // The limit plus (instances - 1) / instances of it, at most.
+    assert!(
+        total <= 4500,
+        "{total} tokens charged in one minute, over the bound of 4500"
+    );
 }

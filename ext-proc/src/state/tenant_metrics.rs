@@ -117,6 +117,7 @@ pub fn export(shared: &Shared) {
             ("errors", &r.redis_errors),
             ("fallback_decisions", &r.fallback_decisions),
             ("caught_up_tokens", &r.caught_up_tokens),
+            ("restored_tokens", &r.restored_tokens),
         ] {
             process(&mut series.process, &m.tenant_redis, name, v.load(Relaxed));
         }

@@ -32,17 +32,23 @@ impl std::fmt::Debug for Accountant {
 }
 
 impl Accountant {
-    pub fn new(tenants: &TenantsConfig, redis: Option<&TenantsRedisConfig>) -> Accountant {
-        Self::with_clock(tenants, redis, Clock::real())
+    /// `instance` names this instance's claims in Redis.
+    pub fn new(
+        tenants: &TenantsConfig,
+        redis: Option<&TenantsRedisConfig>,
+        instance: &str,
+    ) -> Accountant {
+        Self::with_clock(tenants, redis, Clock::real(), instance)
     }
 
     pub fn with_clock(
         tenants: &TenantsConfig,
         redis: Option<&TenantsRedisConfig>,
         clock: Clock,
+        instance: &str,
     ) -> Accountant {
         let shared = redis.and_then(|r| {
-            Shared::new(tenants.clone(), r.clone(), clock.clone())
+            Shared::new(tenants.clone(), r.clone(), clock.clone(), instance)
                 .inspect_err(|e| {
                     tracing::error!(error = %e, "tenants_redis: cannot use Redis; limits are per instance")
                 })

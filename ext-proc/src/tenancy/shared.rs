@@ -15,12 +15,23 @@
 //! lapse with the minute, so other instances may be refused early by up to
 //! one slice per instance.
 //!
-//! Redis unreachable: every instance grants itself `limit ÷ instances` per
-//! minute (counted in `fallback_decisions`, logged once per transition), on
-//! top of what it already held. When Redis answers again the spend made on
-//! the fallback share this minute is added to Redis (catch-up) before
-//! slices are claimed again. Worst case in the minute of the outage: the
-//! limit (granted before) plus the limit (shares).
+//! Redis unreachable: every instance spends at most `limit ÷ instances` in
+//! the minute, what Redis granted it before the outage included (counted in
+//! `fallback_decisions`, logged once per transition). When Redis answers
+//! again the spend made on the fallback share this minute is added to Redis
+//! (catch-up) before slices are claimed again.
+//!
+//! Redis forgetting (restarted empty, failed over to a replica behind): each
+//! instance's claims are a field of its own in the minute's hash, and every
+//! claim and every catch-up raises that field to what the instance knows it
+//! holds this minute. So a Redis that lost the minute learns each live
+//! instance's spend back from the instance's next round trip, instead of
+//! granting the limit a second time.
+//!
+//! Worst case in the minute of an outage: each instance spends the larger
+//! of what Redis granted it before and its share, so at most the limit plus
+//! (instances − 1) ÷ instances of it (all granted to one instance, then the
+//! others' shares); an empty restart without an outage seen adds nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -36,20 +47,39 @@ use super::ledger::{Estimate, Ledger, Refusal, Reservation, TenantState};
 use super::window::Epoched;
 use crate::redis_link::RedisLink;
 
-/// Claims up to ARGV[2] of the limit ARGV[1] left in KEYS[1].
+/// KEYS[1]: a tenant's minute, a hash of what each instance holds of it.
+/// ARGV: the limit, the slice wanted, this instance, what this instance
+/// holds by its own count. Raises this instance's field to its own count
+/// (Redis lost it), then grants at most what the limit leaves.
+/// Returns { granted, restored }.
 const CLAIM: &str = r"
-local used = tonumber(redis.call('GET', KEYS[1]) or '0')
+local own = tonumber(ARGV[4])
+local mine = tonumber(redis.call('HGET', KEYS[1], ARGV[3]) or '0')
+local restored = 0
+if mine < own then
+  redis.call('HSET', KEYS[1], ARGV[3], own)
+  restored = own - mine
+end
+local used = 0
+for _, v in ipairs(redis.call('HVALS', KEYS[1])) do used = used + tonumber(v) end
 local grant = math.min(tonumber(ARGV[2]), tonumber(ARGV[1]) - used)
-if grant <= 0 then return 0 end
-redis.call('INCRBY', KEYS[1], grant)
+if grant > 0 then
+  redis.call('HINCRBY', KEYS[1], ARGV[3], grant)
+else
+  grant = 0
+end
 redis.call('PEXPIRE', KEYS[1], 120000)
-return grant
+return { grant, restored }
 ";
-/// Adds spend made without Redis.
-const CATCH_UP: &str = r"
-local v = redis.call('INCRBY', KEYS[1], ARGV[1])
+/// Raises this instance's field (ARGV[1]) to what it holds (ARGV[2]):
+/// its spend on the fallback share included. Returns the tokens restored.
+const RESTORE: &str = r"
+local mine = tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0')
+local own = tonumber(ARGV[2])
+if mine >= own then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], own)
 redis.call('PEXPIRE', KEYS[1], 120000)
-return v
+return own - mine
 ";
 
 /// `tenants_redis:` in the router config.
@@ -68,6 +98,8 @@ pub struct SharedState {
     pub redis_errors: AtomicU64,
     /// Tokens reported to Redis after an outage.
     pub caught_up_tokens: AtomicU64,
+    /// Tokens Redis had lost of this instance's claims and learned back.
+    pub restored_tokens: AtomicU64,
 }
 
 impl SharedState {
@@ -84,6 +116,9 @@ pub struct Allowance {
     fallback_minute: AtomicU64,
     /// Spend on the fallback share this minute, not yet in Redis.
     unsynced: Epoched,
+    /// What Redis holds for this instance this minute: its grants, and its
+    /// fallback spend once caught up.
+    claimed: Epoched,
     /// One refill at a time per tenant: a decision that runs out while a
     /// background refill is in flight waits for it instead of claiming a
     /// second slice (which would leave one slice stranded locally while the
@@ -106,7 +141,10 @@ impl Allowance {
         if degraded {
             s.fallback_decisions.fetch_add(1, Relaxed);
             if self.fallback_minute.swap(m + 1, Relaxed) != m + 1 {
-                self.avail.add(m, limit / s.instances.max(1));
+                // The share less what Redis already granted this instance
+                // this minute (whose unspent part it still holds).
+                let share = limit / s.instances.max(1);
+                self.avail.add(m, share.saturating_sub(self.claimed.get(m)));
             }
         }
         if self.avail.take(m, n) {
@@ -145,7 +183,9 @@ pub struct Shared {
     cfg: SharedConfig,
     link: RedisLink,
     claim: Script,
-    catch_up: Script,
+    restore: Script,
+    /// This instance's field in each minute's hash.
+    instance: String,
 }
 
 impl Shared {
@@ -153,6 +193,7 @@ impl Shared {
         tenants: TenantsConfig,
         cfg: SharedConfig,
         clock: Clock,
+        instance: &str,
     ) -> redis::RedisResult<Arc<Self>> {
         let link = RedisLink::open(&cfg.url, Duration::from_millis(cfg.timeout_ms))?;
         let state = Arc::new(SharedState {
@@ -162,6 +203,7 @@ impl Shared {
             refills: AtomicU64::new(0),
             redis_errors: AtomicU64::new(0),
             caught_up_tokens: AtomicU64::new(0),
+            restored_tokens: AtomicU64::new(0),
         });
         let ledger = Ledger::build(
             tenants,
@@ -175,7 +217,8 @@ impl Shared {
             cfg,
             link,
             claim: Script::new(CLAIM),
-            catch_up: Script::new(CATCH_UP),
+            restore: Script::new(RESTORE),
+            instance: instance.to_string(),
         }))
     }
 
@@ -255,8 +298,10 @@ impl Shared {
         a.refilled.notify_waiters();
     }
 
+    /// A tenant's minute: a hash by instance (`tpm-by`, not the single
+    /// counter older instances kept under `tpm`).
     fn key(&self, tenant: &str, minute: u64) -> String {
-        format!("{}:tpm:{tenant}:{minute}", self.cfg.prefix)
+        format!("{}:tpm-by:{tenant}:{minute}", self.cfg.prefix)
     }
 
     async fn connection(&self) -> redis::RedisResult<MultiplexedConnection> {
@@ -280,19 +325,23 @@ impl Shared {
         };
         let m = self.ledger.clock().minute();
         let want = self.slice(t).max(need);
-        let r: redis::RedisResult<u64> = async {
+        let r: redis::RedisResult<(u64, u64)> = async {
             let mut c = self.connection().await?;
             self.claim
                 .key(self.key(&t.id, m))
                 .arg(limit)
                 .arg(want)
+                .arg(&self.instance)
+                .arg(a.claimed.get(m))
                 .invoke_async(&mut c)
                 .await
         }
         .await;
         match r {
-            Ok(granted) => {
+            Ok((granted, restored)) => {
                 self.state.refills.fetch_add(1, Relaxed);
+                self.learned_back(restored);
+                a.claimed.add(m, granted);
                 a.avail.add(m, granted);
                 true
             }
@@ -320,15 +369,22 @@ impl Shared {
             {
                 let Some(a) = &t.allowance else { continue };
                 let spent = a.unsynced.get(m);
-                if spent > 0 {
-                    let _: u64 = self
-                        .catch_up
+                let own = a.claimed.get(m) + spent;
+                if own > 0 {
+                    // Raises this instance's field to all it holds: the
+                    // fallback spend, and its earlier grants should Redis
+                    // have come back without them.
+                    let raised: u64 = self
+                        .restore
                         .key(self.key(&t.id, m))
-                        .arg(spent)
+                        .arg(&self.instance)
+                        .arg(own)
                         .invoke_async(&mut c)
                         .await?;
                     a.unsynced.sub(m, spent);
+                    a.claimed.add(m, spent);
                     self.state.caught_up_tokens.fetch_add(spent, Relaxed);
+                    self.learned_back(raised.saturating_sub(spent));
                 }
                 // What is left of the fallback share is not Redis's to give.
                 a.avail.sub(m, u64::MAX);
@@ -349,6 +405,62 @@ impl Shared {
         }
     }
 
+    /// Raises this instance's field of every tenant it holds a claim of
+    /// this minute to what it holds, in one round trip: a Redis that came
+    /// back empty (without any error this instance saw) learns them back
+    /// within one upkeep interval, before it grants them a second time to
+    /// other instances.
+    pub async fn refresh(&self) {
+        if self.state.degraded() {
+            return;
+        }
+        let m = self.ledger.clock().minute();
+        let held: Vec<(String, u64)> = self
+            .ledger
+            .tenants()
+            .into_iter()
+            .chain([self.ledger.other()])
+            .filter_map(|t| {
+                let own = t.allowance.as_ref()?.claimed.get(m);
+                (own > 0).then(|| (t.id.to_string(), own))
+            })
+            .collect();
+        if held.is_empty() {
+            return;
+        }
+        let mut pipe = redis::pipe();
+        // A Redis that came back empty does not know the script yet.
+        pipe.load_script(&self.restore).ignore();
+        for (tenant, own) in &held {
+            pipe.invoke_script(
+                self.restore
+                    .key(self.key(tenant, m))
+                    .arg(&self.instance)
+                    .arg(*own),
+            );
+        }
+        let r: redis::RedisResult<Vec<u64>> = async {
+            let mut c = self.connection().await?;
+            pipe.query_async(&mut c).await
+        }
+        .await;
+        match r {
+            Ok(raised) => self.learned_back(raised.iter().sum()),
+            Err(e) => self.failed(&e).await,
+        }
+    }
+
+    /// Counts claims Redis had lost and learned back.
+    fn learned_back(&self, tokens: u64) {
+        if tokens > 0 {
+            self.state.restored_tokens.fetch_add(tokens, Relaxed);
+            tracing::warn!(
+                tokens,
+                "tenant counters: Redis had lost this instance's claims this minute; restored"
+            );
+        }
+    }
+
     /// Background upkeep: lease expiry and recovery from an outage, every
     /// `every`. Abort the handle to stop it.
     pub fn spawn_upkeep(self: &Arc<Self>, every: Duration) -> tokio::task::JoinHandle<()> {
@@ -358,18 +470,21 @@ impl Shared {
             loop {
                 tick.tick().await;
                 me.ledger.sweep();
-                me.recover().await;
+                if me.recover().await {
+                    me.refresh().await;
+                }
             }
         })
     }
 
-    /// The value Redis holds for a tenant's minute (tests and diagnostics).
+    /// What Redis holds for a tenant's minute, all instances together
+    /// (tests and diagnostics).
     pub async fn redis_count(&self, tenant: &str) -> redis::RedisResult<u64> {
         let mut c = self.connection().await?;
-        let v: Option<u64> = redis::cmd("GET")
+        let v: Vec<u64> = redis::cmd("HVALS")
             .arg(self.key(tenant, self.ledger.clock().minute()))
             .query_async(&mut c)
             .await?;
-        Ok(v.unwrap_or(0))
+        Ok(v.iter().sum())
     }
 }

@@ -11,7 +11,8 @@ use crate::tenancy::shared::{Shared, SharedConfig};
 const T0: u64 = 1_780_000_020_000; // 20 s into a UTC minute
 const LIMIT: u64 = 10_000;
 
-fn shared(url: &str) -> Arc<Shared> {
+/// Instance `name` of a deployment of two.
+fn shared(url: &str, name: &str) -> Arc<Shared> {
     let tenants = TenantsConfig {
         default: TenantLimits {
             tokens_per_minute: Some(LIMIT),
@@ -29,7 +30,7 @@ fn shared(url: &str) -> Arc<Shared> {
     };
     // Both instances at the same fixed instant: one shared minute.
     let (clock, _) = Clock::manual(T0);
-    Shared::new(tenants, cfg, clock).unwrap()
+    Shared::new(tenants, cfg, clock, name).unwrap()
 }
 
 fn est(tokens: u64) -> Estimate {
@@ -72,7 +73,7 @@ async fn two_instances_share_one_limit() {
     let Some(redis) = RedisServer::start() else {
         return;
     };
-    let (a, b) = (shared(&redis.url()), shared(&redis.url()));
+    let (a, b) = (shared(&redis.url(), "a"), shared(&redis.url(), "b"));
     let mut total = 0;
     // Alternate between instances until both are refused.
     let mut refused = (false, false);
@@ -114,16 +115,32 @@ async fn falls_back_to_its_share_and_catches_up() {
     let Some(mut redis) = RedisServer::start() else {
         return;
     };
-    let a = shared(&redis.url());
-    let before = drain(&a, "acme", 100).await;
-    assert_eq!(before, LIMIT, "alone, the instance gets the whole limit");
+    let a = shared(&redis.url(), "a");
+    // A fifth of the limit before the outage (and the slices it holds).
+    let mut before = 0;
+    while before < LIMIT / 5 {
+        let r = a.admit("acme", &est(100)).await.expect("within the limit");
+        a.ledger().commit(
+            r,
+            Usage {
+                prompt: 50,
+                cached: 0,
+                completion: 50,
+            },
+            0.0,
+        );
+        before += 100;
+    }
+    let granted = a.redis_count("acme").await.unwrap();
+    assert!(granted >= before);
 
     redis.stop();
-    // Redis gone: the instance falls back to limit ÷ 2 for this minute.
+    // Redis gone: the instance falls back to limit ÷ 2 for this minute, what
+    // Redis granted it before counted in.
     let during = drain(&a, "acme", 100).await;
     let st = a.state();
     assert!(st.degraded());
-    assert_eq!(during, LIMIT / 2, "fallback share");
+    assert_eq!(before + during, LIMIT / 2, "fallback share");
     assert!(st.fallback_decisions.load(Relaxed) > 0);
     assert!(st.redis_errors.load(Relaxed) > 0);
 
@@ -135,10 +152,53 @@ async fn falls_back_to_its_share_and_catches_up() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     upkeep.abort();
-    // The fresh Redis learned the spend made without it.
-    assert_eq!(a.state().caught_up_tokens.load(Relaxed), during);
-    assert_eq!(a.redis_count("acme").await.unwrap(), during);
+    // The fresh Redis learned the spend made without it, and what it had
+    // granted before and lost with its restart.
+    let fallback_spend = LIMIT / 2 - granted;
+    assert_eq!(a.state().caught_up_tokens.load(Relaxed), fallback_spend);
+    assert_eq!(a.state().restored_tokens.load(Relaxed), granted);
+    assert_eq!(a.redis_count("acme").await.unwrap(), LIMIT / 2);
     // And grants only what is left of the limit.
     let after = drain(&a, "acme", 100).await;
-    assert_eq!(after, LIMIT - during);
+    assert_eq!(before + during + after, LIMIT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_forgot_the_minute_learns_each_instances_claims_back() {
+    let Some(redis) = RedisServer::start() else {
+        return;
+    };
+    let (a, b) = (shared(&redis.url(), "a"), shared(&redis.url(), "b"));
+    // a takes 60% of the limit, then Redis loses everything (an empty
+    // failover, a FLUSHALL) without any instance seeing an error.
+    let mut first = 0;
+    while first < LIMIT * 6 / 10 {
+        let r = a.admit("acme", &est(100)).await.expect("within the limit");
+        a.ledger().commit(
+            r,
+            Usage {
+                prompt: 50,
+                cached: 0,
+                completion: 50,
+            },
+            0.0,
+        );
+        first += 100;
+    }
+    let client = redis::Client::open(redis.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut c).await.unwrap();
+    assert_eq!(a.redis_count("acme").await.unwrap(), 0);
+    // a's upkeep tells Redis again what a holds, before b asks for more.
+    a.refresh().await;
+    // All it was granted, its unspent slice included.
+    assert!(a.redis_count("acme").await.unwrap() >= first);
+    // Both go on until refused: together they stay within the one limit.
+    let rest = drain(&b, "acme", 100).await + drain(&a, "acme", 100).await;
+    assert!(
+        first + rest <= LIMIT,
+        "{first} + {rest} admitted against a limit of {LIMIT}"
+    );
+    assert!(a.state().restored_tokens.load(Relaxed) >= first);
+    assert!(!a.state().degraded() && !b.state().degraded());
 }
