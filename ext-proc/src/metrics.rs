@@ -178,6 +178,8 @@ pub struct Metrics {
     pub leases_released: Family<ResultLabel, Counter>,
     pub prefill_ended: Family<ResultLabel, Counter>,
     pub leases_held: Gauge,
+    /// 1 while access log entries are due and none arrive.
+    pub access_log_missing: Gauge,
     pub envoy_access_log: Family<ResultLabel, Gauge>,
     pub eds_streams: Gauge,
     pub eds_requests: Family<ResultLabel, Counter>,
@@ -252,6 +254,7 @@ impl Metrics {
             leases_released: Family::default(),
             prefill_ended: Family::default(),
             leases_held: Gauge::default(),
+            access_log_missing: Gauge::default(),
             envoy_access_log: Family::default(),
             eds_streams: Gauge::default(),
             eds_requests: Family::default(),
@@ -385,6 +388,11 @@ impl Metrics {
             "access_log_entries",
             "Envoy access log entries received, by result: observed, untagged (no decision: fail-open or rejected), late (its lease had already ended), foreign (another instance decided it: forwarded to it, or applied here by names when instances share nothing)",
             m.access_log_entries.clone(),
+        );
+        r.register(
+            "access_log_missing",
+            "1 while access log entries are due and none arrive: over the last 5 s leases expired unlogged (or Envoy wrote entries, with --envoy-admin) and none was received",
+            m.access_log_missing.clone(),
         );
         r.register(
             "leases_released",

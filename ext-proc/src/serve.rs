@@ -107,6 +107,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         .watching(&cfg);
     tokio::spawn(reload_on_sighup(reloader.clone()));
     tokio::spawn(reload_on_change(reloader.clone()));
+    tokio::spawn(crate::observe::log_health::run(shared.clone()));
     if let Some(addr) = opts.envoy_admin {
         tokio::spawn(crate::observe::envoy_stats::run(shared.clone(), addr));
     }

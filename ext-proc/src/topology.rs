@@ -102,6 +102,9 @@ impl Replica {
 #[derive(Clone, Debug)]
 pub struct Stage {
     pub name: String,
+    /// The model name its clients use first (its first `models` entry, else
+    /// its name): what a probe asks a replica for.
+    pub model: String,
     /// The stage's fleets, in its listed order.
     pub fleets: Vec<FleetId>,
     /// Parallel to `fleets`: the name a fleet serves the model under, when it
@@ -260,6 +263,7 @@ impl Topology {
                 };
                 Stage {
                     name: s.name.clone(),
+                    model: s.models.first().unwrap_or(&s.name).clone(),
                     fleets: idx,
                     served: s.fleets.iter().map(|f| f.model.clone()).collect(),
                     residency,

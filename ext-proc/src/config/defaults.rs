@@ -15,7 +15,7 @@ pub fn warmup_path() -> String {
 }
 
 pub fn warmup_timeout_ms() -> u64 {
-    10_000
+    super::WarmupConfig::DEFAULT_TIMEOUT_MS
 }
 
 pub fn redis_prefix() -> String {

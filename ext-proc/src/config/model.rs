@@ -363,6 +363,11 @@ pub struct OutlierConfig {
     pub max_ejection_s: u64,
 }
 
+impl WarmupConfig {
+    /// How long one golden prompt (or a probe) may take.
+    pub const DEFAULT_TIMEOUT_MS: u64 = 10_000;
+}
+
 /// Golden prompts a replica must answer before it (re)joins the rotation.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]

@@ -5,6 +5,7 @@ pub mod access_log;
 pub mod charge;
 pub mod envoy_stats;
 pub mod forward;
+pub mod log_health;
 pub use crate::state::usage;
 
 pub use crate::state::observation::Observation;

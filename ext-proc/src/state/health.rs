@@ -129,30 +129,48 @@ pub async fn run_warmups(shared: Arc<Shared>) {
                 if st.health != Health::Healthy || st.warm || st.leaving {
                     continue;
                 }
-                // Each stage's prompts under the name this fleet serves its model by.
+                // Each stage's prompts under the name this fleet serves its
+                // model by; without any, a short probe (a replica back from
+                // an ejection must serve before it rejoins).
                 let stages: Vec<_> = snap
                     .topo
                     .stages_of(f)
                     .filter_map(|s| Some((s.warmup.clone()?, s.served_as(f).map(str::to_string))))
                     .collect();
+                let probe = snap
+                    .topo
+                    .stages_of(f)
+                    .next()
+                    .map(|s| (s.model.clone(), s.served_as(f).map(str::to_string)));
                 let client = &client;
                 let addr = replica.addr.clone();
                 let name = fleet.name.clone();
                 warmups.push(async move {
-                    let mut ok = true;
+                    let mut result = Ok(());
                     for (w, served) in &stages {
                         let to = super::warmup::Target {
                             addr: &addr,
                             served: served.as_deref(),
                             fleet,
                         };
-                        if let Err(e) = super::warmup::check(client, &to, w).await {
-                            tracing::warn!(fleet = %name, replica = %addr, "warmup failed, replica stays out: {e}");
-                            ok = false;
+                        result = super::warmup::check(client, &to, w).await;
+                        if result.is_err() {
                             break;
                         }
                     }
-                    (f, r, ok)
+                    if let (true, Some((model, served))) = (stages.is_empty(), &probe) {
+                        let to = super::warmup::Target {
+                            addr: &addr,
+                            served: served.as_deref(),
+                            fleet,
+                        };
+                        let bound = Duration::from_millis(crate::config::WarmupConfig::DEFAULT_TIMEOUT_MS);
+                        result = super::warmup::probe(client, &to, model, bound).await;
+                    }
+                    if let Err(e) = &result {
+                        tracing::warn!(fleet = %name, replica = %addr, "warmup failed, replica stays out: {e}");
+                    }
+                    (f, r, result.is_ok())
                 });
             }
         }

@@ -214,11 +214,17 @@ impl FleetModel {
             ready.len(),
             fleet.cost.as_ref(),
         );
-        // Ejections end by time.
+        // Ejections end by time; the replica rejoins once it passed its
+        // warmup (or probe) again, which runs while it is out.
         for (r, m) in self.replicas.iter_mut() {
             let ejected = m.outlier.is_ejected(now);
             if m.ejected && !ejected {
-                tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, "ejection over, replica re-admitted");
+                let addr = &fleet.replicas[r].addr;
+                if m.warm {
+                    tracing::info!(fleet = %fleet.name, replica = %addr, "ejection over, replica passed its probe and is re-admitted");
+                } else {
+                    tracing::info!(fleet = %fleet.name, replica = %addr, "ejection over, replica stays out until it passes its probe");
+                }
             }
             m.ejected = ejected;
         }
@@ -250,6 +256,9 @@ impl FleetModel {
                 continue;
             };
             m.ejected = true;
+            // It must serve a probe (or the stage's golden prompts) before
+            // it takes traffic again, not fail a request of a client.
+            m.warm = false;
             tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: failing or far behind its fleet");
         }
     }

@@ -58,6 +58,50 @@ pub async fn check(
     Ok(())
 }
 
+/// Largest answer a probe reads.
+const MAX_PROBE_BODY: usize = 256 << 10;
+
+/// A replica back from an ejection, in a stage without golden prompts, must
+/// still serve before it takes traffic again: one short streamed chat
+/// completion for `model` that answers 200 and ends with `[DONE]` (a replica
+/// that breaks its streams fails it, where `/health` would pass).
+pub async fn probe(
+    client: &reqwest::Client,
+    to: &Target<'_>,
+    model: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    let body = serde_json::json!({
+        "model": to.served.unwrap_or(model),
+        "messages": [{ "role": "user", "content": "Say OK." }],
+        "max_tokens": 16,
+        "stream": true,
+    });
+    let req = client
+        .post(format!("http://{}/v1/chat/completions", to.addr))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .timeout(timeout);
+    let mut resp = super::health::with_key(req, to.fleet)
+        .send()
+        .await
+        .map_err(|e| format!("probe: {e}"))?;
+    if !resp.status().is_success() {
+        return Err(format!("probe: status {}", resp.status()));
+    }
+    let mut seen = Vec::new();
+    while let Some(piece) = resp.chunk().await.map_err(|e| format!("probe: {e}"))? {
+        seen.extend_from_slice(&piece);
+        if seen.len() > MAX_PROBE_BODY {
+            return Err("probe: the answer is too long".into());
+        }
+    }
+    if !seen.windows(6).any(|w| w == b"[DONE]") {
+        return Err("probe: the stream ended without [DONE]".into());
+    }
+    Ok(())
+}
+
 /// The generated text of a chat or completions response.
 fn answer_text(body: &str) -> String {
     let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
