@@ -330,6 +330,30 @@ fn check_fields(d: &Doc) {
                 );
             }
         }
+        ("networking.k8s.io", "NetworkPolicy") => {
+            at(v, "/spec/podSelector/matchLabels");
+            for rule in list(v, "/spec/ingress") {
+                assert!(
+                    !list(rule, "/ports").is_empty(),
+                    "{}: a rule for every port",
+                    d.file
+                );
+                assert!(
+                    !list(rule, "/from").is_empty(),
+                    "{}: a rule open to all",
+                    d.file
+                );
+            }
+        }
+        ("security.istio.io", "PeerAuthentication") => {
+            at(v, "/spec/selector/matchLabels");
+            one_of(v, "/spec/mtls/mode", &["STRICT", "PERMISSIVE", "DISABLE"]);
+        }
+        ("security.istio.io", "AuthorizationPolicy") => {
+            at(v, "/spec/selector/matchLabels");
+            one_of(v, "/spec/action", &["ALLOW", "DENY", "AUDIT", "CUSTOM"]);
+            assert!(!list(v, "/spec/rules").is_empty());
+        }
         (g, k) => panic!("{}: no checks for {g}/{k}: add them", d.file),
     }
 }
@@ -538,8 +562,56 @@ fn the_kubernetes_objects_fit_together() {
     let min = at(pdb[0], "/spec/minAvailable").as_u64().unwrap();
     assert!(min >= 1 && min < at(deploy, "/spec/replicas").as_u64().unwrap());
 
-    // One Service per fleet, named as the fleet, on its endpoints' port.
+    // Only the gateways' pods reach the gRPC port, which is why the router
+    // config may say trusted_network; the admin port stays in the namespace.
     let (cfg, _) = shipped_router(&docs);
+    assert!(cfg.grpc.trusted_network && cfg.grpc.token_file.is_none());
+    let np = find(&docs, "NetworkPolicy", "fleetroute");
+    assert!(labels_within(
+        at(np, "/spec/podSelector/matchLabels"),
+        pod_labels
+    ));
+    let rules = list(np, "/spec/ingress");
+    let grpc_rule = rules
+        .iter()
+        .find(|r| list(r, "/ports").iter().any(|p| p["port"] == "grpc"))
+        .expect("a rule for the gRPC port");
+    assert_eq!(
+        list(grpc_rule, "/ports").len(),
+        1,
+        "the gRPC rule opens only gRPC"
+    );
+    for from in list(grpc_rule, "/from") {
+        assert!(
+            !at(from, "/podSelector/matchLabels")
+                .as_object()
+                .unwrap()
+                .is_empty()
+                && !at(from, "/namespaceSelector/matchLabels")
+                    .as_object()
+                    .unwrap()
+                    .is_empty(),
+            "every gRPC source names its namespace and its pods: {from}"
+        );
+    }
+    // The clients' keys come from their Secret, where the config reads them.
+    let keys_mount = list(c, "/volumeMounts")
+        .iter()
+        .find(|m| m["name"] == "api-keys")
+        .expect("an api-keys mount");
+    let keys_file = cfg
+        .tenants
+        .identity
+        .api_keys_file
+        .as_deref()
+        .expect("api_keys_file");
+    assert!(keys_file.starts_with(text(keys_mount, "/mountPath")));
+    assert_eq!(
+        cfg.tenants.identity.source,
+        fleetroute::config::IdentitySource::ApiKey
+    );
+
+    // One Service per fleet, named as the fleet, on its endpoints' port.
     for (fleet, port) in fleet_ports(&cfg) {
         let s = find(&docs, "Service", &fleet);
         let ports = list(s, "/spec/ports");
@@ -561,8 +633,13 @@ fn the_deployment_args_start_fleetroute_and_its_probes_answer() {
     let docs = manifests("kubernetes");
     let deploy = find(&docs, "Deployment", "fleetroute");
     let c = container(deploy);
-    let (_, yaml) = shipped_router(&docs);
+    let (cfg, yaml) = shipped_router(&docs);
     let dir = tempfile::tempdir().unwrap();
+    // The clients' keys where the test put them (the Secret in the pod).
+    let keys = dir.path().join("api-keys");
+    std::fs::write(&keys, "").unwrap();
+    let pod_keys = cfg.tenants.identity.api_keys_file.expect("api_keys_file");
+    let yaml = yaml.replace(&pod_keys, keys.to_str().unwrap());
     let config = dir.path().join("router.yaml");
     std::fs::write(&config, yaml).unwrap();
 
