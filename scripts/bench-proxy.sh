@@ -19,6 +19,9 @@
 #   7. no first byte    the full chain without the response-header report
 #                       (no allow_mode_override): what ending prefill shares
 #                       at the first byte costs
+#   8. with token       the full chain with grpc.token_file: every call Envoy
+#                       makes to fleetroute carries the token, which fleetroute
+#                       checks before any service runs
 # Then a prompt-size sweep at one connection (plain, filter, full chain):
 # p50/p99 per prompt size, to see what the chain adds as prompts grow.
 # The engine is told to answer at once (max_tokens 1, next to no prefill or
@@ -53,7 +56,7 @@ lua=scripts/bench-proxy.lua
 . scripts/lib/bench.sh
 need_tools
 need_files "$bin/fleetroute" "$bin/fleetroute-engine" "$wasm"
-read -r -a ports < <(free_ports 21)
+read -r -a ports < <(free_ports 23)
 base1=${ports[0]} base2=${ports[1]} burst1=${ports[2]} burst2=${ports[3]}
 control=${ports[4]} grpc=${ports[5]} admin=${ports[6]}
 # Each setup gets its own listener and admin port: no wait for the previous
@@ -65,6 +68,7 @@ listen_route=${ports[13]} admin_route=${ports[14]}
 listen_old=${ports[15]} admin_old=${ports[16]}
 listen_slow=${ports[17]} admin_slow=${ports[18]}
 listen_nofb=${ports[19]} admin_nofb=${ports[20]}
+listen_token=${ports[21]} admin_token=${ports[22]}
 
 # --- router config: the demo's, on this run's replica ports ------------------
 python3 - envoy-config/router.yaml "$run/router.yaml" \
@@ -78,6 +82,11 @@ for fleet in cfg["fleets"]:
 yaml.safe_dump(cfg, open(dst, "w"), sort_keys=False)
 PY
 "$bin/fleetroute" check-config "$run/router.yaml"
+# 8. the same with a gRPC token.
+od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "$run/grpc-token"
+cp "$run/router.yaml" "$run/router-token.yaml"
+echo "grpc: { token_file: \"$PWD/$run/grpc-token\" }" >> "$run/router-token.yaml"
+"$bin/fleetroute" check-config "$run/router-token.yaml"
 
 # --- engine: fast enough that it is never the bottleneck ----------------------
 "$bin/fleetroute-engine" \
@@ -95,6 +104,10 @@ wait_http "engine" "http://127.0.0.1:$control/replicas"
 "$bin/fleetroute" bootstrap --config "$run/router.yaml" --wasm "$wasm" \
   --listen "127.0.0.1:$listen_full" --envoy-admin "127.0.0.1:$admin_full" \
   --grpc "127.0.0.1:$grpc" > "$run/full.yaml"
+
+"$bin/fleetroute" bootstrap --config "$run/router-token.yaml" --wasm "$wasm" \
+  --listen "127.0.0.1:$listen_token" --envoy-admin "127.0.0.1:$admin_token" \
+  --grpc "127.0.0.1:$grpc" > "$run/token.yaml"
 
 # 1. plain Envoy: the same kind of listener, straight to the base fleet.
 cat > "$run/plain.yaml" << YAML
@@ -221,12 +234,12 @@ yaml.safe_dump(old, open(f"{out}/old.yaml", "w"), sort_keys=False)
 PY
 
 # Reject a broken config before starting anything that depends on it.
-for setup in plain filter route full old slow nofb; do
+for setup in plain filter route full old slow nofb token; do
   envoy --mode validate -c "$run/$setup.yaml" --disable-hot-restart --log-level warn \
     > "$run/validate-$setup.log" 2>&1 \
     || { echo "envoy --mode validate rejected $run/$setup.yaml:" >&2; cat "$run/validate-$setup.log" >&2; exit 1; }
 done
-echo "==> envoy configs valid: plain, filter, route, full, old, slow"
+echo "==> envoy configs valid: plain, filter, route, full, old, slow, nofb, token"
 
 # --- measuring -----------------------------------------------------------------
 # cpu_snapshot NAME=PID...: "name=ticks ..." of CPU time (user + system) used
@@ -298,10 +311,10 @@ read -r engine_rps engine_p50 engine_p99 < <(to_numbers "$(run_wrk "engine" "$DU
 echo "    $engine_rps req/s, p50 $engine_p50 ms, p99 $engine_p99 ms"
 
 declare -A rps p50 p99 served cpu envoy_us sweep50 sweep99
-order=(plain filter route full old slow nofb)
-declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)" [slow]="full chain, access log flushed every 1 s" [nofb]="full chain without the first-byte report")
-declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old [slow]=$listen_slow [nofb]=$listen_nofb)
-declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old [slow]=$admin_slow [nofb]=$admin_nofb)
+order=(plain filter route full old slow nofb token)
+declare -A title=([plain]="plain Envoy" [filter]="Envoy + Wasm filter" [route]="filter + routing ext_proc (no observation)" [full]="full chain (filter + routing + gRPC access log)" [old]="old chain (filter + routing + observing ext_proc)" [slow]="full chain, access log flushed every 1 s" [nofb]="full chain without the first-byte report" [token]="full chain, every gRPC call with the token")
+declare -A listen=([plain]=$listen_plain [filter]=$listen_filter [route]=$listen_route [full]=$listen_full [old]=$listen_old [slow]=$listen_slow [nofb]=$listen_nofb [token]=$listen_token)
+declare -A eadmin=([plain]=$admin_plain [filter]=$admin_filter [route]=$admin_route [full]=$admin_full [old]=$admin_old [slow]=$admin_slow [nofb]=$admin_nofb [token]=$admin_token)
 fell_open=0
 log_dropped=0
 
@@ -311,7 +324,9 @@ for setup in "${order[@]}"; do
   if [ "$setup" != plain ] && [ "$setup" != filter ]; then
     # Only the chains that ask fleetroute run it; it stays off during the other runs
     # so it takes no CPU from them. Ready = every replica probed.
-    RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config "$run/router.yaml" \
+    config="$run/router.yaml"
+    [ "$setup" != token ] || config="$run/router-token.yaml"
+    RUST_LOG=${RUST_LOG:-info} "$bin/fleetroute" serve --config "$config" \
       --grpc "127.0.0.1:$grpc" --admin "127.0.0.1:$admin" > "$run/fleetroute.log" 2>&1 &
     fr_pid=$!
     pids+=($fr_pid)
@@ -397,6 +412,9 @@ for setup in "${order[@]}"; do
   vs_route=$(awk -v a="${rps[$setup]}" -v b="${rps[route]}" 'BEGIN { printf "%.2f", a / b }')
   echo "| ${title[$setup]} | ${rps[$setup]} | ${p50[$setup]} | ${p99[$setup]} | ${envoy_us[$setup]} | $ratio | $vs_route |"
 done
+awk -v t="${rps[token]}" -v f="${rps[full]}" -v t50="${p50[token]}" -v f50="${p50[full]}" \
+    -v tu="${envoy_us[token]}" -v fu="${envoy_us[full]}" 'BEGIN {
+  printf "\nThe gRPC token: %.2fx the full chain'"'"'s requests/s, p50 %+.2f ms, Envoy CPU %+d µs/request.\n", t / f, t50 - f50, tu - fu }'
 echo
 echo "Prompt-size sweep, 1 connection: p50 / p99 ms, and what the filter and the full chain add over plain Envoy."
 echo "| prompt | plain | + filter | full chain | filter adds p50 / p99 | full chain adds p50 / p99 |"

@@ -434,6 +434,11 @@ impl Metrics {
                 result: result.into(),
             }));
         }
+        for result in ["missing_api_key", "invalid_api_key", "tenant_claim_missing"] {
+            drop(m.unidentified.get_or_create(&ResultLabel {
+                result: result.into(),
+            }));
+        }
         r.register(
             "unidentified",
             "Requests answered 401 because tenants.identity named no tenant, by result: missing_api_key, invalid_api_key (not among the keys), tenant_claim_missing (no verified token, or no tenant claim in it)",

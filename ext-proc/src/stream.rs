@@ -26,6 +26,7 @@ use crate::shutdown::Phase;
 use crate::state::Shared;
 use crate::state::lease::LeaseInput;
 use crate::stream_limit::FIRST_MESSAGE;
+use crate::tenancy::identity::tenant;
 
 pub struct Service {
     shared: Arc<Shared>,
@@ -87,11 +88,20 @@ pub async fn route_request<'a>(
         return Answer::Now(mutation::model_list(&shared.snapshot().topo).into());
     }
     // Who the tenant is, by the configured source only.
-    if let Err(why) = shared.snapshot().topo.identity.apply(&mut key, metadata) {
-        shared.metrics.count_unidentified(why.code());
-        let reject = Reject::Unidentified(why);
-        trace.rejected(&reject);
-        return Answer::Now(mutation::reject(&reject).into());
+    let identity = &shared.snapshot().topo.identity;
+    match tenant(
+        identity,
+        std::mem::take(&mut key.tenant),
+        key.key_hash,
+        metadata,
+    ) {
+        Ok(tenant) => key.tenant = tenant,
+        Err(why) => {
+            shared.metrics.count_unidentified(why.code());
+            let reject = Reject::Unidentified(why);
+            trace.rejected(&reject);
+            return Answer::Now(mutation::reject(&reject).into());
+        }
     }
     key.spread_anonymous(fastrand::u64(..));
     let decided = {

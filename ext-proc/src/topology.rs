@@ -43,7 +43,7 @@ pub struct Topology {
     /// The `authorization` every gRPC call must carry (`grpc.token_file`).
     pub grpc_token: Option<ApiKey>,
     /// Where a request's tenant comes from (`tenants.identity`).
-    pub identity: crate::tenancy::identity::Identity,
+    pub identity: crate::config::Identity,
 }
 
 #[derive(Clone, Debug)]
@@ -323,7 +323,7 @@ impl Topology {
             layout,
             model_list: model_list::body(cfg).into_bytes(),
             grpc_token: cfg.grpc_token().cloned(),
-            identity: crate::tenancy::identity::Identity::from_config(cfg),
+            identity: crate::config::Identity::of(&cfg.tenants.identity, cfg.api_keys()),
         }
     }
 
@@ -429,7 +429,7 @@ impl Topology {
             layout: 0,
             model_list: br#"{"object":"list","data":[]}"#.to_vec(),
             grpc_token: None,
-            identity: crate::tenancy::identity::Identity::None,
+            identity: crate::config::Identity::None,
         }
     }
 }

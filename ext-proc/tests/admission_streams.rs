@@ -24,6 +24,8 @@ use fleetroute_filter::contract;
 const CONFIG: &str = r#"
 admission: { priority_header: x-priority }
 tenants:
+  # These tests play the filter: its tenant header is trusted.
+  identity: { source: header, header: x-tenant }
   named:
     gold: { priority: critical }
     batch: { priority: sheddable }

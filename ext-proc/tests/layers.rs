@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 const FLOORS: &[(&str, u32)] = &[
     ("config", 0),
     ("listen", 0),
+    ("shutdown", 0),
+    ("stream_limit", 0),
     ("redis_link", 0),
     ("membership", 1),
     ("topology", 1),
@@ -28,10 +30,13 @@ const FLOORS: &[(&str, u32)] = &[
     ("peers", 5),
     ("admission", 5),
     ("stream", 6),
+    ("peer_auth", 6),
     ("serve", 7),
     ("admin", 7),
     ("cli", 7),
     ("bootstrap", 7),
+    ("bootstrap_token", 7),
+    ("bootstrap_identity", 7),
     ("reload", 7),
 ];
 const PROCESS: u32 = 7;

@@ -534,6 +534,8 @@ stages:
     models: [m1]
     fleets: [pool]
 tenants:
+  # These tests play the filter: its tenant header is trusted.
+  identity: { source: header, header: x-tenant }
   named:
     acme: { tokens_per_minute: 1000, max_requests_in_flight: 2 }
 "#;

@@ -70,6 +70,37 @@ fn default_claim() -> String {
     "tenant".into()
 }
 
+/// The identity source in effect, its keys read: what the request path
+/// reads (`tenancy::identity::tenant`).
+#[derive(Clone, Debug, Default)]
+pub enum Identity {
+    /// No request names a tenant.
+    #[default]
+    None,
+    /// The filter's tenant header, written from a header a gateway set.
+    Header,
+    ApiKey(ApiKeys),
+    Jwt {
+        claim: String,
+    },
+}
+
+impl Identity {
+    pub fn of(cfg: &IdentityConfig, keys: Option<&ApiKeys>) -> Identity {
+        match cfg.source {
+            IdentitySource::None => Identity::None,
+            IdentitySource::Header => Identity::Header,
+            IdentitySource::ApiKey => Identity::ApiKey(keys.cloned().unwrap_or_default()),
+            IdentitySource::Jwt => Identity::Jwt {
+                claim: cfg
+                    .jwt
+                    .as_ref()
+                    .map_or_else(String::new, |j| j.claim.clone()),
+            },
+        }
+    }
+}
+
 /// The hashes of the clients' keys and their tenants.
 #[derive(Clone, Default, PartialEq)]
 pub struct ApiKeys(Arc<HashMap<[u8; 32], Arc<str>>>);

@@ -24,7 +24,7 @@ pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
 pub use envoy::*;
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
-pub use identity::{ApiKeys, IdentityConfig, IdentitySource, JwtConfig};
+pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};
 pub use model::*;
 pub use routing::*;
 pub use source::*;

@@ -63,16 +63,21 @@ pub struct Servers {
 impl Service {
     /// Starts the served set's publisher and serves it.
     pub fn start(shared: Arc<Shared>) -> Servers {
-        Self::with_limit(shared, MAX_STREAMS)
+        Self::bounded(shared, MAX_STREAMS, MAX_STREAMS / 4)
     }
 
-    /// The same with another bound on streams (tests).
+    /// The same with another bound on streams, all of which one peer may
+    /// take (tests).
     pub fn with_limit(shared: Arc<Shared>, max_streams: usize) -> Servers {
+        Self::bounded(shared, max_streams, max_streams)
+    }
+
+    fn bounded(shared: Arc<Shared>, max_streams: usize, per_peer: usize) -> Servers {
         let resources = resources::publish(shared.clone());
         let service = Arc::new(Service {
             shared,
             resources,
-            streams: StreamLimit::new("EDS", max_streams, max_streams.div_ceil(4)),
+            streams: StreamLimit::new("EDS", max_streams, per_peer),
         });
         Servers {
             ads: AggregatedDiscoveryServiceServer::from_arc(service.clone())

@@ -9,26 +9,12 @@ use std::borrow::Cow;
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::google::protobuf::value::Kind;
 
-use crate::config::{ApiKeys, IdentitySource, MAX_TENANT_ID_LEN, ValidConfig};
-use crate::route::key::RouteKey;
+use crate::config::{Identity, MAX_TENANT_ID_LEN};
 
 /// Where Envoy's `jwt_authn` filter puts what it verified, and under which
 /// key (its `payload_in_metadata`, which `fleetroute bootstrap` writes).
 pub const JWT_NAMESPACE: &str = "envoy.filters.http.jwt_authn";
 pub const JWT_PAYLOAD: &str = "payload";
-
-#[derive(Clone, Debug, Default)]
-pub enum Identity {
-    /// No request names a tenant.
-    #[default]
-    None,
-    /// The filter's tenant header, written from a header a gateway set.
-    Header,
-    ApiKey(ApiKeys),
-    Jwt {
-        claim: String,
-    },
-}
 
 /// Why a request has no tenant where one is required: a 401.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,42 +47,25 @@ impl Unidentified {
     }
 }
 
-impl Identity {
-    pub fn from_config(cfg: &ValidConfig) -> Identity {
-        let id = &cfg.tenants.identity;
-        match id.source {
-            IdentitySource::None => Identity::None,
-            IdentitySource::Header => Identity::Header,
-            IdentitySource::ApiKey => Identity::ApiKey(cfg.api_keys().cloned().unwrap_or_default()),
-            IdentitySource::Jwt => Identity::Jwt {
-                claim: id
-                    .jwt
-                    .as_ref()
-                    .map_or_else(String::new, |j| j.claim.clone()),
-            },
+/// The tenant by `id`'s source: the one the filter's trusted header named
+/// (`from_header`) counts only when it is the source; `key_hash` is the
+/// filter's hash of the client's key.
+pub fn tenant<'a>(
+    id: &Identity,
+    from_header: Cow<'a, str>,
+    key_hash: Option<&str>,
+    metadata: Option<&'a Metadata>,
+) -> Result<Cow<'a, str>, Unidentified> {
+    Ok(match id {
+        Identity::None => Cow::Borrowed(""),
+        Identity::Header => from_header,
+        Identity::ApiKey(keys) => {
+            let hash = key_hash.ok_or(Unidentified::MissingKey)?;
+            let tenant = keys.tenant(hash).ok_or(Unidentified::UnknownKey)?;
+            Cow::Owned(tenant.to_string())
         }
-    }
-
-    /// Sets `key.tenant` from this source; the header the filter wrote counts
-    /// only when it is the source.
-    pub fn apply<'a>(
-        &self,
-        key: &mut RouteKey<'a>,
-        metadata: Option<&'a Metadata>,
-    ) -> Result<(), Unidentified> {
-        let from_header = std::mem::take(&mut key.tenant);
-        key.tenant = match self {
-            Identity::None => Cow::Borrowed(""),
-            Identity::Header => from_header,
-            Identity::ApiKey(keys) => {
-                let hash = key.key_hash.ok_or(Unidentified::MissingKey)?;
-                let tenant = keys.tenant(hash).ok_or(Unidentified::UnknownKey)?;
-                Cow::Owned(tenant.to_string())
-            }
-            Identity::Jwt { claim } => Cow::Borrowed(jwt_claim(metadata, claim)?),
-        };
-        Ok(())
-    }
+        Identity::Jwt { claim } => Cow::Borrowed(jwt_claim(metadata, claim)?),
+    })
 }
 
 /// The claim's string value in what `jwt_authn` verified.
@@ -124,6 +93,7 @@ fn jwt_claim<'a>(metadata: Option<&'a Metadata>, claim: &str) -> Result<&'a str,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::ApiKeys;
     use envoy_types::pb::google::protobuf::{Struct, Value};
 
     fn jwt(claims: &[(&str, &str)]) -> Metadata {
@@ -155,35 +125,43 @@ mod tests {
         }
     }
 
-    fn key<'a>(tenant: &'a str, hash: Option<&'a str>) -> RouteKey<'a> {
-        RouteKey {
-            tenant: Cow::Borrowed(tenant),
-            key_hash: hash,
-            ..Default::default()
-        }
+    /// The tenant `id` names for a request whose filter wrote `tenant` and
+    /// `hash`.
+    fn named<'a>(
+        id: &Identity,
+        tenant: &'a str,
+        hash: Option<&str>,
+        metadata: Option<&'a Metadata>,
+    ) -> Result<Cow<'a, str>, Unidentified> {
+        super::tenant(id, Cow::Borrowed(tenant), hash, metadata)
     }
 
     #[test]
     fn only_the_configured_source_names_the_tenant() {
-        let mut k = key("typed-by-client", None);
-        Identity::None.apply(&mut k, None).unwrap();
-        assert_eq!(k.tenant, "");
-        let mut k = key("from-gateway", None);
-        Identity::Header.apply(&mut k, None).unwrap();
-        assert_eq!(k.tenant, "from-gateway");
-
+        assert_eq!(
+            named(&Identity::None, "typed-by-client", None, None).unwrap(),
+            ""
+        );
+        assert_eq!(
+            named(&Identity::Header, "from-gateway", None, None).unwrap(),
+            "from-gateway"
+        );
         let claims = Identity::Jwt {
             claim: "org".into(),
         };
         let meta = jwt(&[("org", "acme"), ("sub", "u1")]);
-        let mut k = key("beta", None);
-        claims.apply(&mut k, Some(&meta)).unwrap();
-        assert_eq!(k.tenant, "acme", "the claim wins over a typed header");
-        let mut k = key("beta", None);
-        assert_eq!(claims.apply(&mut k, None), Err(Unidentified::NoClaim));
+        assert_eq!(
+            named(&claims, "beta", None, Some(&meta)).unwrap(),
+            "acme",
+            "the claim wins over a typed header"
+        );
+        assert_eq!(
+            named(&claims, "beta", None, None),
+            Err(Unidentified::NoClaim)
+        );
         let no_org = jwt(&[("sub", "u1")]);
         assert_eq!(
-            claims.apply(&mut k, Some(&no_org)),
+            named(&claims, "beta", None, Some(&no_org)),
             Err(Unidentified::NoClaim)
         );
     }
@@ -197,13 +175,15 @@ mod tests {
         std::fs::write(&file, format!("{test} acme\n")).unwrap();
         let keys = ApiKeys::read(file.to_str().unwrap(), "k").unwrap();
         let id = Identity::ApiKey(keys);
-        let mut k = key("beta", Some(test));
-        id.apply(&mut k, None).unwrap();
-        assert_eq!(k.tenant, "acme");
+        assert_eq!(named(&id, "beta", Some(test), None).unwrap(), "acme");
         let other = "0".repeat(64);
-        let mut k = key("acme", Some(&other));
-        assert_eq!(id.apply(&mut k, None), Err(Unidentified::UnknownKey));
-        let mut k = key("acme", None);
-        assert_eq!(id.apply(&mut k, None), Err(Unidentified::MissingKey));
+        assert_eq!(
+            named(&id, "acme", Some(&other), None),
+            Err(Unidentified::UnknownKey)
+        );
+        assert_eq!(
+            named(&id, "acme", None, None),
+            Err(Unidentified::MissingKey)
+        );
     }
 }

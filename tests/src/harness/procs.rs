@@ -54,15 +54,11 @@ impl Proc {
     /// Waits at most `bound` for the process to exit: whether it did (it is
     /// left running otherwise; `stop` kills it).
     pub fn wait_exit(&mut self, bound: std::time::Duration) -> bool {
-        let started = std::time::Instant::now();
-        while started.elapsed() < bound {
-            if self.exited() {
-                self.child = None;
-                return true;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        let gone = super::time::wait_for_value(bound, || self.exited().then_some(()));
+        if gone.is_some() {
+            self.child = None;
         }
-        false
+        gone.is_some()
     }
 
     pub fn exited(&mut self) -> bool {
