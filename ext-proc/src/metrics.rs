@@ -188,6 +188,8 @@ pub struct Metrics {
     pub grpc_refused: Family<ResultLabel, Counter>,
     /// Requests refused 401: the identity source named no tenant.
     pub unidentified: Family<ResultLabel, Counter>,
+    /// Routing calls let through undecided before the instance was ready.
+    pub before_ready: Counter,
     /// Prefix-index changes shared with other instances (`peers`).
     pub peer_updates: Family<ResultLabel, Counter>,
     /// Bytes written to and read from the peer link.
@@ -260,6 +262,7 @@ impl Metrics {
             eds_requests: Family::default(),
             grpc_refused: Family::default(),
             unidentified: Family::default(),
+            before_ready: Counter::default(),
             eds_updates: Counter::default(),
             peer_updates: Family::default(),
             peer_bytes: Family::default(),
@@ -439,6 +442,11 @@ impl Metrics {
                 result: result.into(),
             }));
         }
+        r.register(
+            "before_ready",
+            "Routing calls let through undecided (to Envoy's fail-open routes) because this instance was not ready yet: Envoy called it before its health checks saw it ready",
+            m.before_ready.clone(),
+        );
         r.register(
             "unidentified",
             "Requests answered 401 because tenants.identity named no tenant, by result: missing_api_key, invalid_api_key (not among the keys), tenant_claim_missing (no verified token, or no tenant claim in it)",

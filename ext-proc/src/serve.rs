@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
 use envoy_types::pb::envoy::service::accesslog::v3::access_log_service_server::AccessLogServiceServer;
@@ -73,6 +74,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         None => crate::peers::random_instance_id(),
     };
     let (shared, mut writer) = Writer::named(&cfg, instance.clone());
+    // Routing calls fail open until the instance is ready (`report_health`).
+    shared.deciding.store(false, Ordering::Relaxed);
     let peers = match cfg.peers.redis_url {
         Some(_) => {
             let updates = writer.share_updates();
@@ -186,6 +189,7 @@ async fn report_health(shared: std::sync::Arc<crate::state::Shared>, health: Hea
     while crate::admin::not_ready(&shared, std::time::Instant::now()).is_some() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    shared.deciding.store(true, Ordering::Relaxed);
     health.set_service_status("", ServingStatus::Serving).await;
     shared.shutdown.reached(Phase::Draining).await;
     health

@@ -5,6 +5,7 @@
 //! not through ext_proc.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::Metadata;
@@ -82,6 +83,11 @@ pub async fn route_request<'a>(
     let Some(map) = headers.headers.as_ref() else {
         return Answer::Now(mutation::pass().into());
     };
+    if !shared.deciding.load(Ordering::Relaxed) {
+        // Not ready yet: what Envoy does when no instance answers.
+        shared.metrics.before_ready.inc();
+        return Answer::Now(mutation::pass().into());
+    }
     let trace = DecisionSpan::start();
     let mut key = RouteKey::from_headers(map);
     if key.list_models {

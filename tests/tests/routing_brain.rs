@@ -302,7 +302,9 @@ fn stream_many(lab: &Lab, n: usize, tag: &str) -> Vec<String> {
             let body = chat_body(
                 "m1",
                 Some(&format!("{tag}-{i}")),
-                &format!("question {i} {}", "word ".repeat(300)),
+                // The tag too: a prompt seen before would follow the prefix
+                // cache to the replica that served it.
+                &format!("question {tag} {i} {}", "word ".repeat(300)),
                 true,
             );
             thread::spawn(move || post(&u, body, &[]))
@@ -347,8 +349,11 @@ fn a_slow_replica_is_ejected_and_readmitted() {
             .count();
         assert!(
             on_r1 <= 40 && round <= 200,
-            "r1 served {on_r1} slow requests in {round} rounds and was never ejected: {}",
-            snapshot(&lab)
+            "r1 served {on_r1} slow requests in {round} rounds and was never ejected: {}\n\
+             routing calls that failed open: {}, that timed out: {}",
+            snapshot(&lab),
+            lab.envoy_stat("http.inference.ext_proc.failure_mode_allowed"),
+            lab.envoy_stat("http.inference.ext_proc.message_timeouts"),
         );
     }
     let others = snapshot(&lab)["fleets"][0]["replicas"]

@@ -273,6 +273,12 @@ pub struct Shared {
     /// Where stopping is: draining withdraws readiness, closing ends the
     /// long-lived streams.
     pub shutdown: Arc<crate::shutdown::Shutdown>,
+    /// Whether routing calls are decided: `serve` clears it at start and
+    /// sets it once the instance is ready (members known, replicas probed);
+    /// until then a call fails open, as if no instance answered, instead of
+    /// answering 503 for replicas not probed yet (Envoy may call an instance
+    /// before its health checks see it ready).
+    pub deciding: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Shared {

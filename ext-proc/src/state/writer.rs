@@ -117,6 +117,7 @@ impl Writer {
             tenant_series: Mutex::default(),
             started: Instant::now(),
             shutdown: Arc::default(),
+            deciding: std::sync::atomic::AtomicBool::new(true),
         });
         let writer = Writer {
             shared: shared.clone(),
