@@ -84,6 +84,8 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
         }
         s.ready.store(true, Ordering::Relaxed);
+        // Ready means deciding: a call that follows this answer is routed.
+        s.shared.deciding.store(true, Ordering::Relaxed);
     }
     (StatusCode::OK, "ready\n".to_string())
 }
