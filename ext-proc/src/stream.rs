@@ -5,7 +5,6 @@
 //! not through ext_proc.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::Metadata;
@@ -83,7 +82,7 @@ pub async fn route_request<'a>(
     let Some(map) = headers.headers.as_ref() else {
         return Answer::Now(mutation::pass().into());
     };
-    if !shared.deciding.load(Ordering::Relaxed) {
+    if !crate::state::readiness::deciding(shared) {
         // Not ready yet: what Envoy does when no instance answers.
         shared.metrics.before_ready.inc();
         return Answer::Now(mutation::pass().into());

@@ -15,7 +15,7 @@ mod tenant_views;
 mod tests;
 mod views;
 
+pub use crate::state::readiness::not_ready;
 pub use auth::{admin_token, bearer};
 pub use errors::ApiError;
 pub use server::{AdminState, CHANGE_TIMEOUT, router};
-pub use views::not_ready;

@@ -538,7 +538,7 @@ stages: [{ name: s, models: [m], fleets: [pool] }]
 /// holds it for as long as that lasts.
 #[tokio::test]
 async fn a_failing_source_holds_readiness_until_its_grace() {
-    use super::views::{SOURCE_GRACE, not_ready};
+    use crate::state::readiness::{SOURCE_GRACE, not_ready};
     let cfg = RouterConfig::parse_valid(
         "fleets:\n  - { name: pool, region: us, dns: { name: pool.test, port: 80 } }\n\
          stages: [{ name: s, models: [m], fleets: [pool] }]\n",

@@ -1,8 +1,6 @@
 //! The API's views of a snapshot: the one place that reads the router's
 //! internal state layout for the admin API.
 
-use std::time::{Duration, Instant};
-
 use super::api::{FleetView, Health, ReplicaState, ReplicaView, SnapshotView, StageView};
 use crate::state::{self, Snapshot, health};
 use crate::topology::Policy;
@@ -122,49 +120,6 @@ pub fn snapshot_view(snap: &Snapshot) -> SnapshotView {
             .map(|f| fleet_view(snap, f, None))
             .collect(),
     }
-}
-
-/// How long a DNS or Kubernetes fleet whose source keeps failing holds the
-/// router unready after it starts. Unready, Envoy fails open with the
-/// members it kept; after this the router serves without that fleet's
-/// members (its stages fail over or answer 503) rather than never.
-pub const SOURCE_GRACE: Duration = Duration::from_secs(10);
-
-/// Why the router is not ready yet at `now` (`/ready`, and gRPC health for
-/// Envoy's checks of the ext_proc cluster): a DNS or Kubernetes fleet whose
-/// source has not answered (before that it has no members, so "every
-/// replica probed" would hold with nothing to route to; a source that
-/// failed is waited for until `SOURCE_GRACE`), or replicas not probed.
-pub fn not_ready(shared: &crate::state::Shared, now: Instant) -> Option<String> {
-    if shared.shutdown.draining() {
-        return Some("stopping: calls go to another instance".into());
-    }
-    let snap = shared.snapshot();
-    let waited = now.saturating_duration_since(shared.started);
-    let unknown: Vec<&str> = snap
-        .topo
-        .fleets
-        .iter()
-        .filter(|f| !f.members_known)
-        .filter(|f| waited < SOURCE_GRACE || shared.metrics.sources.failures(&f.name) == 0)
-        .map(|f| f.name.as_str())
-        .collect();
-    if !unknown.is_empty() {
-        return Some(format!("membership not known yet for fleets {unknown:?}"));
-    }
-    match unprobed(&snap) {
-        0 => None,
-        n => Some(format!("{n} replicas not probed yet")),
-    }
-}
-
-/// Replicas not probed yet.
-fn unprobed(snap: &Snapshot) -> usize {
-    snap.replicas
-        .iter()
-        .flat_map(|f| f.values())
-        .filter(|r| r.health == health::Health::Unknown && !r.leaving)
-        .count()
 }
 
 #[cfg(test)]

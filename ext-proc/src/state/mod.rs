@@ -52,6 +52,7 @@ pub mod outlier;
 pub mod peer;
 pub mod peer_load;
 pub mod prefix_index;
+pub mod readiness;
 mod recorder;
 pub mod saturation;
 pub mod scrape;
