@@ -153,14 +153,28 @@ async fn falls_back_to_its_share_and_catches_up() {
     }
     upkeep.abort();
     // The fresh Redis learned the spend made without it, and what it had
-    // granted before and lost with its restart.
-    let fallback_spend = LIMIT / 2 - granted;
-    assert_eq!(a.state().caught_up_tokens.load(Relaxed), fallback_spend);
-    assert_eq!(a.state().restored_tokens.load(Relaxed), granted);
-    assert_eq!(a.redis_count("acme").await.unwrap(), LIMIT / 2);
+    // granted before and lost with its restart. Spend during the outage out
+    // of a slice granted before it counts as fallback spend too (so Redis
+    // may learn up to that slice twice: refusing early, never late).
+    let caught_up = a.state().caught_up_tokens.load(Relaxed);
+    assert!(
+        caught_up > 0 && caught_up <= during,
+        "caught up {caught_up} of {during}"
+    );
+    let held = a.redis_count("acme").await.unwrap();
+    assert!(
+        held >= before + during,
+        "Redis holds {held}, less than the {} spent",
+        before + during
+    );
+    assert!(a.state().restored_tokens.load(Relaxed) >= granted);
     // And grants only what is left of the limit.
     let after = drain(&a, "acme", 100).await;
-    assert_eq!(before + during + after, LIMIT);
+    assert!(
+        before + during + after <= LIMIT,
+        "{before} + {during} + {after} over the limit"
+    );
+    assert_eq!(after, LIMIT.saturating_sub(held) / 100 * 100);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
