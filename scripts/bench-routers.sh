@@ -138,7 +138,7 @@ stages:
     models: [trace]
     fleets: [pool]
     # Conversations here open with shared system prompts: balance where
-    # new ones start (README, Routing).
+    # new ones start (docs/concepts/routing.md).
     replica_choice: { share_factor: ${SHARE_FACTOR:-1.1}${SHARE_FLOOR:+, share_floor: $SHARE_FLOOR}${SHARE_WAIT:+, share_wait_tokens: $SHARE_WAIT} }
 YAML
 }

@@ -94,7 +94,7 @@ The x-served-by header names the replica that answered. With -H 'x-tenant: demo'
 the request counts against tenant demo's 2000 tokens per minute (a 429 past
 it); $bin/fleetroute tenant get demo shows its limits and usage.
 NOTE: this demo trusts the client's own x-tenant header to name its tenant.
-In front of real clients, name tenants by API key or JWT (README, Tenants).
+In front of real clients, name tenants by API key or JWT (docs/concepts/tenants.md).
 INFO
 
 if [ "${1:-}" = "--check" ]; then

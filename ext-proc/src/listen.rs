@@ -1,5 +1,5 @@
 //! Default listen addresses, written once: the clap defaults, the shipped
-//! Envoy template and the README all use these (tests hold them equal).
+//! Envoy template and docs/operations/operate.md all use these (tests hold them equal).
 
 /// fleetroute's ext_proc gRPC service.
 pub const GRPC: &str = "127.0.0.1:50051";
@@ -14,16 +14,19 @@ pub const ENVOY_ADMIN: &str = "127.0.0.1:9901";
 mod tests {
     use super::*;
 
-    const README: &str = include_str!("../../README.md");
+    const README: &str = include_str!("../../docs/operations/operate.md");
 
     #[test]
-    fn the_readme_documents_these_defaults() {
+    fn the_docs_document_these_defaults() {
         let line = format!(
             "ext_proc `{GRPC}`, admin API `{ADMIN}`, Envoy listener `{ENVOY_LISTEN}`, \
              Envoy admin `{ENVOY_ADMIN}`"
         );
         let flat = README.split_whitespace().collect::<Vec<_>>().join(" ");
-        assert!(flat.contains(&line), "README lacks: {line}");
+        assert!(
+            flat.contains(&line),
+            "docs/operations/operate.md lacks: {line}"
+        );
     }
 
     #[test]

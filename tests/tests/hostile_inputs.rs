@@ -16,7 +16,7 @@ use fleetroute_tests::harness::{Binaries, Lab, LabSpec, pace, wait_for_value, wa
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
-/// The longest client request id fleetroute keeps (README, "Debug").
+/// The longest client request id fleetroute keeps (docs/operations/operate.md, "Debug").
 const MAX_REQUEST_ID: usize = 128;
 /// The most bytes one `/debug/decisions` response carries.
 const DECISIONS_RESPONSE_BYTES: usize = 256 << 10;

@@ -1,5 +1,6 @@
-//! Every default of the router config, in one place. README.md's table of
-//! defaults is checked against these (`tests::the_readme_defaults_are_the_defaults`).
+//! Every default of the router config, in one place. The table of defaults in
+//! docs/reference/router-config.md is checked against these
+//! (`tests::the_documented_defaults_are_the_defaults`).
 
 use super::*;
 
@@ -309,10 +310,10 @@ stages:
         }
     }
 
-    /// `| `path` | value | ...` rows of README.md's table of defaults.
+    /// `| `path` | value | ...` rows of the documented table of defaults.
     fn documented() -> Vec<(String, Value)> {
-        let readme = include_str!("../../../README.md");
-        let start = readme.find("\n### Defaults\n").expect("a Defaults section");
+        let readme = include_str!("../../../docs/reference/router-config.md");
+        let start = readme.find("\n## Defaults\n").expect("a Defaults section");
         readme[start..]
             .lines()
             .skip_while(|l| !l.starts_with('|'))
@@ -332,7 +333,7 @@ stages:
     }
 
     #[test]
-    fn the_readme_defaults_are_the_defaults() {
+    fn the_documented_defaults_are_the_defaults() {
         let cfg = RouterConfig::parse(MINIMAL).unwrap();
         let mut actual = Vec::new();
         flatten(&yaml_serde::to_value(&cfg).unwrap(), "", &mut actual);
@@ -343,7 +344,7 @@ stages:
         for (path, value) in &docs {
             assert!(
                 actual.iter().any(|(p, v)| p == path && same(v, value)),
-                "README says {path} defaults to {value:?}; the code: {:?}",
+                "docs/reference/router-config.md says {path} defaults to {value:?}; the code: {:?}",
                 actual.iter().filter(|(p, _)| p == path).collect::<Vec<_>>()
             );
         }
@@ -355,7 +356,7 @@ stages:
             }
             assert!(
                 docs.iter().any(|(p, _)| p == path),
-                "{path} defaults to {value:?} but README.md's table omits it"
+                "{path} defaults to {value:?} but docs/reference/router-config.md's table omits it"
             );
         }
     }

@@ -81,7 +81,7 @@ pub struct LeaseConfig {
 }
 
 /// Instances of one deployment share their prefix-index changes and forward
-/// each other's access log entries through one Redis (see README "Several
+/// each other's access log entries through one Redis (see docs/concepts/several-instances.md, "Several
 /// instances"). Read at start; a reload keeps the link it has.
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]

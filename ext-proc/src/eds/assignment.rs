@@ -4,7 +4,7 @@
 //! one locality per fleet, weighted and prioritised as `fail_open::plan_with`
 //! computes from the same members.
 //!
-//! Health status, and why it is safe (README "Routed requests and Envoy's
+//! Health status, and why it is safe (docs/concepts/inside-envoy.md, "Routed requests and Envoy's
 //! health view"):
 //! - Fleet clusters carry fleetroute's view. The override-host policy finds
 //!   fleetroute's chosen host among all of the cluster's hosts whatever their

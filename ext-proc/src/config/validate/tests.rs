@@ -175,10 +175,10 @@ fn errors_name_the_field_path() {
     }
 }
 
-/// The reference config in README.md is a valid config.
+/// The reference config in docs/reference/router-config.md is a valid config.
 #[test]
 fn the_readme_reference_config_is_valid() {
-    let readme = include_str!("../../../../README.md");
+    let readme = include_str!("../../../../docs/reference/router-config.md");
     let start = readme
         .find("```yaml\nhealth_check:")
         .expect("reference block")
