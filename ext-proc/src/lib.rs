@@ -19,6 +19,7 @@ pub mod observe;
 pub mod peer_auth;
 pub mod peers;
 pub mod redis_link;
+pub mod reference;
 pub mod reload;
 pub mod route;
 pub mod serve;

@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use fleetroute::bootstrap::BootstrapOptions;
 use fleetroute::cli::tenants::{SetFlags, Setting, budget_arg, limit_arg, priority_arg};
 use fleetroute::cli::{Target, View, commands, fleet_percent, local};
@@ -156,6 +156,18 @@ enum Command {
         #[command(flatten)]
         admin: Admin,
     },
+    /// Print a reference page in Markdown: every metric, or the whole
+    /// command line (docs/reference/ holds both).
+    Reference {
+        #[arg(value_enum)]
+        what: ReferencePage,
+    },
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ReferencePage {
+    Metrics,
+    Cli,
 }
 
 #[derive(Subcommand)]
@@ -378,5 +390,15 @@ fn main() -> ExitCode {
             remove,
         ),
         Command::Reload { admin } => commands::reload(&admin.target()),
+        Command::Reference { what } => {
+            print!(
+                "{}",
+                match what {
+                    ReferencePage::Metrics => fleetroute::reference::metrics(),
+                    ReferencePage::Cli => fleetroute::reference::cli(&Cli::command()),
+                }
+            );
+            ExitCode::SUCCESS
+        }
     }
 }

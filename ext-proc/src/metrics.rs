@@ -153,6 +153,8 @@ type GaugeF = Gauge<f64, AtomicU64>;
 
 pub struct Metrics {
     registry: Registry,
+    /// Every family as registered: (name without the prefix, type, help).
+    catalog: Vec<(&'static str, &'static str, &'static str)>,
     pub requests: Family<StageFleetArm, Counter>,
     pub responses: Family<Outcome, Counter>,
     pub rejected: Family<Rejected, Counter>,
@@ -227,9 +229,25 @@ impl Default for Metrics {
     }
 }
 
+/// Registers a family and notes it in the catalog (the generated metrics
+/// reference lists every family, with or without series).
+fn register<M>(
+    r: &mut Registry,
+    catalog: &mut Vec<(&'static str, &'static str, &'static str)>,
+    name: &'static str,
+    help: &'static str,
+    metric: M,
+) where
+    M: prometheus_client::registry::Metric + prometheus_client::metrics::TypedMetric,
+{
+    catalog.push((name, M::TYPE.as_str(), help));
+    r.register(name, help, metric);
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let mut r = Registry::with_prefix("fleetroute");
+        let mut catalog = Vec::new();
         let m = Metrics {
             requests: Family::default(),
             responses: Family::default(),
@@ -285,149 +303,214 @@ impl Metrics {
             admission_queue_depth: Family::default(),
             admission_wait: Family::new_with_constructor(Buckets(wait_seconds)),
             registry: Registry::default(),
+            catalog: Vec::new(),
         };
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "requests",
             "Requests routed, by stage, fleet and A/B arm",
             m.requests.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "responses",
             "Responses observed, by outcome class",
             m.responses.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "rejected",
             "Requests answered by fleetroute with an error, by reason",
             m.rejected.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "shadow_requests",
             "Requests mirrored to a shadow fleet (never served to clients)",
             m.shadowed.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "time_to_first_token_seconds",
             "Time to first token of streamed responses",
             m.ttft.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "request_duration_seconds",
             "Time from routing to the end of the response",
             m.duration.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tokens",
             "Tokens by kind: prompt, completion, cached (engine-reported), predicted_cached",
             m.tokens.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "traffic_share",
             "Share of the stage's routed requests (decaying, ~30 s)",
             m.traffic_share.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "kv_cache_hit_rate",
             "Prompt tokens served from KV cache, predicted and engine-reported (decaying, ~30 s)",
             m.hit_rate.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "cost_usd_per_gpu_hour",
             "Configured price per GPU-hour",
             m.cost_gpu_hour.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "cost_usd_per_million_tokens",
             "Provider price, or GPU-hour price over measured throughput",
             m.cost_mtok.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "fleet_tokens_per_second",
             "Tokens (prompt + completion) the fleet served per second over the alarms window",
             m.tokens_per_sec.clone(),
         );
-        r.register("replicas", "Replicas by state", m.replicas.clone());
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
+            "replicas",
+            "Replicas by state",
+            m.replicas.clone(),
+        );
+        register(
+            &mut r,
+            &mut catalog,
             "fleet_utilisation",
             "Highest of in-flight, queue and KV-usage ratios to capacity",
             m.utilisation.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "fleet_saturated",
             "1 while the fleet is saturated (priority spills past it)",
             m.saturated.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "desired_replicas",
             "Replicas the fleet should run, for an autoscaler",
             m.desired.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "replica_inflight",
             "Requests in flight per replica",
             m.inflight.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "replica_queued_tokens",
             "Prefill tokens routed and not yet answered, per replica",
             m.queued_tokens.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "config_reloads",
             "Config reloads by result",
             m.reloads.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "admin_changes",
             "Changes applied through the admin API",
             m.admin_changes.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "events_dropped",
             "State events dropped because the writer was behind",
             m.events_dropped.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "access_log_entries",
             "Envoy access log entries received, by result: observed, untagged (no decision: fail-open or rejected), late (its lease had already ended), foreign (another instance decided it: forwarded to it, or applied here by names when instances share nothing)",
             m.access_log_entries.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "access_log_missing",
             "1 while access log entries are due and none arrive: over the last 5 s leases expired unlogged (or Envoy wrote entries, with --envoy-admin) and none was received",
             m.access_log_missing.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "leases_released",
             "Decision load leases released, by how: logged (the access log reported the end), expired (its bound passed: the entry was lost or late), reconciled (the engine reported fewer requests), evicted (too many held)",
             m.leases_released.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "prefill_ended",
             "Prefill shares of decision leases ended, by how: first_byte (Envoy reported the response's first body byte), estimate (its estimated prefill passed without that report), request_end (the request ended first)",
             m.prefill_ended.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "leases_held",
             "Decision load leases currently held",
             m.leases_held.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "envoy_access_log",
             "Envoy's own access log counters, scraped from its admin /stats (logs_written, logs_dropped), when --envoy-admin is set",
             m.envoy_access_log.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "eds_streams",
             "EDS streams open (one per Envoy and config source)",
             m.eds_streams.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "eds_requests",
             "EDS requests from Envoy, by result: subscribe (a stream's first), ack, nack (Envoy refused a response and kept its endpoints), stale (answers an older response), unsupported (another type on ADS, ignored), invalid (ended the stream), silent (no request within 10 s: ended), refused (too many streams, or too many from one peer address)",
             m.eds_requests.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "grpc_refused",
             "gRPC calls refused before any service saw them (grpc.token_file), by result: missing (no authorization), wrong (another token)",
             m.grpc_refused.clone(),
@@ -442,17 +525,23 @@ impl Metrics {
                 result: result.into(),
             }));
         }
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "before_ready",
             "Routing calls let through undecided (to Envoy's fail-open routes) because this instance was not ready yet: Envoy called it before its health checks saw it ready",
             m.before_ready.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "unidentified",
             "Requests answered 401 because tenants.identity named no tenant, by result: missing_api_key, invalid_api_key (not among the keys), tenant_claim_missing (no verified token, or no tenant claim in it)",
             m.unidentified.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "eds_updates",
             "Changes of the served endpoint set (membership, locality weights or health status of some cluster)",
             m.eds_updates.clone(),
@@ -471,83 +560,115 @@ impl Metrics {
                 result: result.into(),
             }));
         }
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "peer_prefix_updates",
             "Prefix-index changes shared between instances, by result: queued (for other instances), dropped (outbox or link buffer full), sent, applied (another instance's, applied here), unknown (names no fleet or replica here), bad (an undecodable batch)",
             m.peer_updates.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "peer_bytes",
             "Bytes this instance wrote to (sent) and read from (received) the peer link",
             m.peer_bytes.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "peers_up",
             "1 while the peer link (Redis) answers; 0 while this instance routes alone",
             m.peers_up.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "access_log_forwards",
             "Access log entries of decisions another instance made, by result: sent (to their owner), dropped (link buffer full or down too long), received (from another instance, for this one's decisions), bad (undecodable)",
             m.access_log_forwards.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "fleet_members",
             "Members of the fleet in routing (joined, not leaving), from its endpoints, DNS or Kubernetes",
             m.fleet_members.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "fleet_members_ignored",
             "Members a fleet's source lists beyond its 64 slots, ignored until a slot frees",
             m.members_ignored.clone(),
         );
         r.register_collector(Box::new(m.sources.clone()));
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenant_requests",
             "Requests admitted, by tenant (the top tenants by tokens and pinned ones; the rest as other)",
             m.tenant_requests.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenant_tokens",
             "Prompt plus completion tokens charged, by tenant (an expired lease's estimate until its late entry corrects it; corrections down are not subtracted)",
             m.tenant_tokens.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenant_spend_usd",
             "Cost charged, by tenant, at the serving fleet's price",
             m.tenant_spend.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenant_refused",
             "Requests refused with a 429, by tenant and the limit that refused them",
             m.tenant_refused.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenant_requests_in_flight",
             "Admitted requests not yet ended, by tenant",
             m.tenant_in_flight.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenants_tracked",
             "Tenants counted under their own id (at most 65536; the rest share other)",
             m.tenants_tracked.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "tenant_redis",
             "Shared tenant counters (tenants_redis): refills (slice claims), errors (failed round trips), fallback_decisions (decisions on the limit / instances share while Redis was unreachable), caught_up_tokens (spend reported after an outage), restored_tokens (this instance's claims a Redis had lost and learned back)",
             m.tenant_redis.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "audit_records",
             "Audit log records: written, dropped_full (queue full), dropped_write (write failed, e.g. a full disk)",
             m.audit_records.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "peer_load_reports",
             "Per-replica load reports shared between instances, by result: sent (this instance's), received (another's, counted here), stale (written longer than peers.load_stale_ms before it was read), ignored (from more peers than are kept), unknown (names a fleet or replica not here), truncated (this instance's, cut to max_batch_bytes), bad (undecodable)",
             m.peer_load_reports.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "peer_load_peers",
             "Other instances whose load reports count in this instance's decisions now (0: it routes on its own load)",
             m.peer_load_peers.clone(),
@@ -565,17 +686,23 @@ impl Metrics {
                 result: result.into(),
             }));
         }
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "admission_verdicts",
             "Admission verdicts in stages with admission, by class: admitted, admitted_after_wait, saturated, reserved, queue_full, objective, timed_out, cancelled",
             m.admission_verdicts.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "admission_queue_depth",
             "Requests held by admission now, by stage and class",
             m.admission_queue_depth.clone(),
         );
-        r.register(
+        register(
+            &mut r,
+            &mut catalog,
             "admission_wait_seconds",
             "Time held requests waited, whatever became of them",
             m.admission_wait.clone(),
@@ -618,7 +745,11 @@ impl Metrics {
                 result: result.into(),
             }));
         }
-        Metrics { registry: r, ..m }
+        Metrics {
+            registry: r,
+            catalog,
+            ..m
+        }
     }
 
     /// Counts one prefix-index change shared between instances.
@@ -646,6 +777,21 @@ impl Metrics {
                 result: code.into(),
             })
             .inc();
+    }
+
+    /// Every family: (name with its prefix and, for a counter, `_total`,
+    /// type, help), sorted by name.
+    pub fn catalog(&self) -> Vec<(String, &'static str, &'static str)> {
+        let mut out: Vec<_> = self
+            .catalog
+            .iter()
+            .map(|&(name, kind, help)| {
+                let suffix = if kind == "counter" { "_total" } else { "" };
+                (format!("fleetroute_{name}{suffix}"), kind, help)
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     pub fn render(&self) -> String {
