@@ -9,6 +9,7 @@
 //! With tenant admission: decide alone and decide + admit interleaved call by
 //! call (local ledger, then shared through a `redis-server` the bench starts);
 //! `BENCH_ONLY=admission` runs only those.
+#![allow(clippy::unwrap_used)] // a benchmark, like a test, says what it expects
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};

@@ -4,6 +4,7 @@
 //! `cargo bench -p fleetroute --bench tenancy` prints criterion's timings,
 //! then per-call percentiles. The Redis part starts its own `redis-server`
 //! on a free loopback port and is skipped when the binary is absent.
+#![allow(clippy::unwrap_used)] // a benchmark, like a test, says what it expects
 
 use std::hint::black_box;
 use std::net::TcpListener;

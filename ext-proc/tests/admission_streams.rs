@@ -4,6 +4,7 @@
 //! ends while held leaves the queue at once; refusals are 429 JSON with a
 //! `retry-after`; the tenant's limits apply to what class admission lets
 //! through, also after a hold.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod grpc;
 

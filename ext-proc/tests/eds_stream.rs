@@ -2,6 +2,7 @@
 //! does. No Envoy: each test plays Envoy's side of the state-of-the-world
 //! protocol (the real Envoy is in `tests/tests/eds.rs`). The writer is driven
 //! by hand, so every membership change is one the test makes.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Properties of the router config loader: arbitrary YAML documents and
 //! random mutations of the example config never panic, and every error names
 //! the field path it is about.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! arbitrary header maps: any names, non-UTF-8 raw values, huge values and
 //! duplicates. Also the contract end to end: what the filter writes for any
 //! request is what ext-proc reads back.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

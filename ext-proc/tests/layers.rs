@@ -4,6 +4,7 @@
 //! when a lower floor names a higher one (`crate::…` outside test modules).
 //! The process floor (`serve`, `admin`, `cli`, `bootstrap`, `reload`) wires everything
 //! and is not ordered within itself.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 use std::collections::BTreeSet;
 use std::fs;

@@ -1,6 +1,7 @@
 //! DNS membership against a real DNS server on loopback: an authoritative
 //! UDP responder for a test zone whose records the tests change at runtime,
 //! speaking the wire protocol through hickory-proto's message codec.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

@@ -2,6 +2,7 @@
 //! speaks the EndpointSlice list+watch protocol (resourceVersion, chunked
 //! newline-delimited watch events, bookmarks, 410 Gone, dropped watches) with
 //! real EndpointSlice JSON, and the real kube client pointed at it.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::convert::Infallible;

@@ -3,6 +3,7 @@
 //! server, show in `/debug/snapshot`, take decisions over the ext_proc
 //! stream, and follow the records when they change: a joiner takes
 //! decisions once probed, a leaver takes none and leaves the topology.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod grpc;
 

@@ -2,6 +2,7 @@
 //! reference` prints now: a metric or an argument added, renamed or
 //! redescribed without `scripts/reference.sh` fails here.
 //! `UPDATE_REFERENCE=1` writes them instead (what the script does).
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 use std::path::PathBuf;
 use std::process::Command;

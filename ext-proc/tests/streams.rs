@@ -2,6 +2,7 @@
 //! process, served on a loopback port exactly as `serve` does. No Envoy: each
 //! test plays Envoy's side, including what a broken Envoy or anyone who can
 //! reach the port could send.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod grpc;
 

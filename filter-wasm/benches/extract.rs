@@ -4,6 +4,7 @@
 //!
 //! `cargo bench -p fleetroute-filter --bench extract` prints criterion's
 //! timings, then µs per KB of body for each size.
+#![allow(clippy::unwrap_used)] // a benchmark, like a test, says what it expects
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -7,6 +7,7 @@
 //! `cargo bench -p fleetroute-filter --bench rename` prints µs per call and
 //! per KB; the ratios matter, not the absolute figures (Envoy runs the same
 //! code compiled to Wasm).
+#![allow(clippy::unwrap_used)] // a benchmark, like a test, says what it expects
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -13,6 +13,7 @@
 //! duplicate keys (also spelled with escapes), byte order marks, escapes,
 //! odd whitespace, deep nesting, numbers at the edges, Python's own literals.
 //! Python runs once for the whole batch. A missing `python3` fails the test.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

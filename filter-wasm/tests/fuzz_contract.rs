@@ -1,5 +1,6 @@
 //! Properties of the wire contract's encoders and decoders: round trips, and
 //! arbitrary input to every decoder (ext-proc reads these from headers).
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

@@ -3,6 +3,7 @@
 //! and valid requests with random fields. The headers it writes must stay
 //! bounded and header-safe, and depend only on the body, never on how it was
 //! chunked, on field order or on fields routing does not read.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Properties of the filter's client-header parsing: residency, tenant and
 //! the reserved-name check, over arbitrary (and arbitrarily long) values.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

@@ -5,6 +5,7 @@
 //! engine's with every top-level `model` value replaced by the client's name
 //! (and nothing else changed), arbitrary bytes come out the same however they
 //! are cut, and no more than `MAX_MODEL_VALUE` bytes are ever held.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 

@@ -4,6 +4,7 @@
 //! however the body was chunked; arbitrary bytes never panic; the bytes held
 //! between chunks stay within their bound however long the body, and a usage
 //! object over the bound gives no usage rather than a truncated one.
+#![allow(clippy::unwrap_used)] // test code says what it expects
 
 mod common;
 
