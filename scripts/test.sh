@@ -9,7 +9,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check
 echo "==> clippy (native, all targets)"
-cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy --workspace --all-targets --features fleetroute-tests/e2e -- -D warnings
 echo "==> clippy (the filter as Wasm)"
 cargo clippy -p fleetroute-filter --target wasm32-wasip1 -- -D warnings
 echo "==> build"
@@ -18,4 +18,7 @@ echo "==> tests"
 # End-to-end scenarios each start their own Envoy, ext-proc and engines on
 # free loopback ports; two at a time keeps a 2-core machine responsive.
 # Here a test that needs redis-server fails without it instead of skipping.
-FLEETROUTE_REQUIRE_REDIS=1 cargo test --workspace -- --test-threads "${TEST_THREADS:-2}"
+# `--features fleetroute-tests/e2e`: the end-to-end layer too (plain
+# `cargo test` runs the unit, property and in-process layers only).
+FLEETROUTE_REQUIRE_REDIS=1 cargo test --workspace --features fleetroute-tests/e2e \
+  -- --test-threads "${TEST_THREADS:-2}"

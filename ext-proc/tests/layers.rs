@@ -38,6 +38,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("bootstrap", 7),
     ("bootstrap_token", 7),
     ("bootstrap_identity", 7),
+    ("reference", 7),
     ("reload", 7),
 ];
 const PROCESS: u32 = 7;

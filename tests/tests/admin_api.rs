@@ -2,6 +2,7 @@
 //! beside it): the CLI's `--json` is the API's JSON, its exit status tells a
 //! value refused before sending (2) from a refusal by the API (1), and every
 //! refusal over HTTP has one shape with the status its code names.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::process::Command;
 

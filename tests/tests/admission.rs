@@ -7,6 +7,7 @@
 //! tokens come late (checked, so the overload is real). With admission gold
 //! meets its objective, batch gets 429 `overloaded` at once, and every held
 //! request is answered or refused within its bound.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::io::Read;
 use std::sync::Mutex;

@@ -11,6 +11,7 @@
 //! maximum (the base may still be starting its last replicas), on the way
 //! down the burst fleet shrinks before the base does, no request fails and
 //! both fleets end at their minimum. The timeline prints with `--nocapture`.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};

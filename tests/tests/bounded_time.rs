@@ -1,6 +1,7 @@
 //! Through real Envoy: no client and no replica can hold a stream longer than
 //! the router config's `envoy.timeouts` allow, while ordinary requests and
 //! long streams that keep sending are served.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;

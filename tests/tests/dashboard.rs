@@ -3,6 +3,7 @@
 //! included), Prometheus scraping fleetroute's `/metrics` every second, then
 //! every panel query of `envoy-config/grafana-dashboard.json` must evaluate
 //! to at least one series, for each fleet and for all of them.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::BTreeSet;
 use std::fmt::Write as _;

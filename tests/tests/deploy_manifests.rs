@@ -7,6 +7,7 @@
 //! applied the way the mesh applies them, pass real `envoy --mode validate`.
 //!
 //! YAML is read only with `from_str` into `serde_json::Value`.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

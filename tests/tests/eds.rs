@@ -7,6 +7,7 @@
 //! before fleetroute waits out its initial fetch timeout, then catches up;
 //! the `--static-endpoints` rendering serves the config's members with no
 //! EDS stream at all.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;

@@ -1,6 +1,7 @@
 //! Through real Envoy with fleetroute stopped: the fail-open routes keep the
 //! stage's proportions, skip a fleet whose replicas are dead, and never leave
 //! the stage's residency; retries stay within the retry budget.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::BTreeMap;
 use std::time::Duration;

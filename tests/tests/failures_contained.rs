@@ -4,6 +4,7 @@
 //! is retried once on the fleet's other replica (the decision's ordered host
 //! list), never after the first response byte; the dead replica is ejected
 //! and stays out while its probe fails.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::time::Duration;
 

@@ -3,6 +3,7 @@
 //! shaped to blow up a parser must never kill the filter's Wasm VM; the
 //! uploads over the filter's per-worker budget get a JSON 503, and once the
 //! attack ends every ordinary request is served again.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Through real Envoy: what a client or an operator's mistake can feed
 //! fleetroute stays bounded — an empty admin token, huge request ids — and a
 //! replica that breaks its streams leaves even a two-replica fleet.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -5,6 +5,7 @@
 //! is tested is fleetroute's membership: joiners take traffic once probed,
 //! leavers take no new request, their streams in flight finish, and they
 //! leave the topology once idle.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};

@@ -4,6 +4,7 @@
 //! fleet with its own API key gets that key and never the client's, on routed,
 //! mirrored and fail-open requests; `GET /v1/models` lists what clients may
 //! ask for, from fleetroute, and from Envoy while fleetroute is down.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::time::Duration;
 

@@ -2,6 +2,7 @@
 //! The log is lossy: when its entries never arrive, every decision's load
 //! lease still ends (by its bound, or by the engine's own count), so no
 //! replica stays loaded.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::io::Read;
 use std::sync::mpsc;

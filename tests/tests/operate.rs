@@ -1,6 +1,7 @@
 //! Through real Envoy: operating a stage at runtime with the admin API and
 //! the CLI — split changes, drain, host bounds, A/B tests, shadow traffic,
 //! hot reload under load, and autoscaling signals.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

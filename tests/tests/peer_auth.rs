@@ -4,6 +4,7 @@
 //! Envoy, given the token by `fleetroute bootstrap`, routes, reports and
 //! receives its endpoints as before. And fleetroute refuses to serve gRPC
 //! beyond loopback without a peer check.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::process::Command;
 

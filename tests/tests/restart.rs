@@ -3,6 +3,7 @@
 //! log streams (which Envoy never ends itself) and exits, so a new process
 //! takes the same ports within the drain plus its start time. Requests in
 //! between follow the fail-open policy: none fails.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::time::{Duration, Instant};
 

@@ -1,5 +1,6 @@
 //! Through real Envoy: every request lands where fleetroute decided, sticks
 //! per sampling key, and passes through unchanged.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{HashMap, HashSet};
 

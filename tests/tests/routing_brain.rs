@@ -1,6 +1,7 @@
 //! Through real Envoy: priority spill and return, failover of a dead fleet,
 //! residency under total failure, outlier ejection and re-admission, warmup
 //! before rejoining, and prefix locality until the holder is overloaded.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{HashMap, HashSet};
 use std::thread;

@@ -1,6 +1,7 @@
 //! Through real Envoy: clients cannot steer, bad input gets a clear answer,
 //! failed replicas leave and return, and a stopped router fails open (or
 //! closed, when configured so).
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -7,6 +7,7 @@
 //! request, the share of sampling keys whose replica moved against the ideal
 //! (measured from what served them), and Envoy's members equal to
 //! fleetroute's. Figures print with `--nocapture`.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;

@@ -3,6 +3,7 @@
 //! request's end (forwarded over the peer link); each sees the other's load
 //! and stops counting a dead one's; killing one instance under load fails
 //! no request, and a restarted one takes calls again.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -2,6 +2,7 @@
 //! a 429 naming it, every admitted request is charged exactly once with what
 //! it used (whatever happens to its stream), limits change at runtime without
 //! losing counters, and the audit log has one line per request.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read;

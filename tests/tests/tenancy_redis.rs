@@ -3,6 +3,7 @@
 //! from Redis, a Redis that dies leaves each instance its fallback share
 //! (limit ÷ instances, still enforced, counted), and a Redis that comes back
 //! learns the spend made without it.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

@@ -3,6 +3,7 @@
 //! whatever tenant header it types; no key or an unknown one gets a 401.
 //! With `jwt`, Envoy's jwt_authn verifies the token (forged, expired or
 //! missing: 401) and fleetroute charges the tenant its claim names.
+#![cfg(feature = "e2e")] // needs Envoy and the built binaries: scripts/test.sh
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
