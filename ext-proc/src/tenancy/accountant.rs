@@ -7,11 +7,12 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use super::allowance::SharedState;
 use super::audit::{AuditLog, AuditRecord};
 use super::clock::Clock;
 use super::config::{AuditConfig, TenantsConfig, TenantsRedisConfig};
 use super::ledger::{Estimate, Ledger, Refusal, Reservation};
-use super::shared::{Shared, SharedState};
+use super::shared::Shared;
 
 /// How often the Redis upkeep task retries after an outage.
 const UPKEEP: Duration = Duration::from_secs(1);

@@ -7,14 +7,18 @@
 //! the real usage; `AuditLog::record` once per request.
 
 pub mod accountant;
+pub mod allowance;
 pub mod audit;
 pub mod charge;
 pub mod clock;
 pub mod config;
 pub mod identity;
 pub mod ledger;
+pub mod limits;
 pub mod price;
+pub mod reservation;
 pub mod shared;
+pub mod tenant;
 pub mod window;
 
 #[cfg(test)]
