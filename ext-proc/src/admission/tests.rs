@@ -11,11 +11,12 @@ use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue};
 
 use super::judge::Reason;
 use super::*;
+
 use crate::config::RouterConfig;
 use crate::route::decide;
 use crate::state::load::RequestGuard;
 use crate::state::{Event, Shared, Writer};
-use crate::topology::{FleetId, ReplicaId};
+use crate::topology::{FleetId, NonEmpty, ReplicaId};
 
 const CONFIG: &str = r#"
 admission: { priority_header: x-priority, max_wait_ms: 5000 }
