@@ -13,7 +13,7 @@ use subtle::ConstantTimeEq;
 use tonic::{Request, Status};
 
 use crate::config::GrpcConfig;
-use crate::metrics::ResultLabel;
+use crate::metrics::Unauthenticated;
 use crate::state::Shared;
 
 #[derive(Clone)]
@@ -38,14 +38,12 @@ impl tonic::service::Interceptor for PeerAuth {
         match given {
             Some(g) if bool::from(g.ct_eq(token.authorization())) => Ok(req),
             given => {
-                let result = if given.is_some() { "wrong" } else { "missing" };
-                self.shared
-                    .metrics
-                    .grpc_refused
-                    .get_or_create(&ResultLabel {
-                        result: result.into(),
-                    })
-                    .inc();
+                let result = if given.is_some() {
+                    Unauthenticated::Wrong
+                } else {
+                    Unauthenticated::Missing
+                };
+                self.shared.metrics.control.grpc_refused.inc(result);
                 Err(Status::unauthenticated(
                     "fleetroute takes gRPC calls only with its token (grpc.token_file)",
                 ))

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use crate::config::RouterConfig;
-use crate::metrics::ResultLabel;
+use crate::metrics::Reload;
 use crate::state::{Change, ChangeError, Shared};
 
 #[derive(Clone, Debug)]
@@ -90,13 +90,7 @@ impl Reloader {
                     .await
             }
             Err(e) => {
-                self.shared
-                    .metrics
-                    .reloads
-                    .get_or_create(&ResultLabel {
-                        result: "refused".into(),
-                    })
-                    .inc();
+                self.shared.metrics.control.reloads.inc(Reload::Refused);
                 Err(ChangeError::Invalid(format!(
                     "{}: invalid router config, the running config stays:\n{e}",
                     self.path.display()

@@ -84,7 +84,7 @@ pub async fn route_request<'a>(
     };
     if !crate::state::readiness::deciding(shared) {
         // Not ready yet: what Envoy does when no instance answers.
-        shared.metrics.before_ready.inc();
+        shared.metrics.control.before_ready.inc();
         return Answer::Now(mutation::pass().into());
     }
     let trace = DecisionSpan::start();
@@ -102,7 +102,7 @@ pub async fn route_request<'a>(
     ) {
         Ok(tenant) => key.tenant = tenant,
         Err(why) => {
-            shared.metrics.count_unidentified(why.code());
+            shared.metrics.tenants.unidentified.inc(why);
             let reject = Reject::Unidentified(why);
             trace.rejected(&reject);
             return Answer::Now(mutation::reject(&reject).into());

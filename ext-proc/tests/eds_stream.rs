@@ -19,7 +19,7 @@ use envoy_types::pb::google::rpc::Status as RpcStatus;
 use fleetroute::config::RouterConfig;
 use fleetroute::eds::Service;
 use fleetroute::eds::resources::TYPE_URL;
-use fleetroute::metrics::ResultLabel;
+use fleetroute::metrics::EdsRequest;
 use fleetroute::state::{Change, Event, Shared, Writer};
 use prost::Message;
 use tokio::sync::mpsc;
@@ -148,14 +148,8 @@ impl Rig {
         self.writer.tick(Instant::now() + fleetroute::state::TICK);
     }
 
-    fn requests(&self, result: &str) -> u64 {
-        self.shared
-            .metrics
-            .eds_requests
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .get()
+    fn requests(&self, result: EdsRequest) -> u64 {
+        self.shared.metrics.control.eds_requests.get(result)
     }
 }
 
@@ -265,7 +259,7 @@ async fn envoy_gets_the_full_set_then_only_what_changed() {
     // A config edit that leaves the members alone sends nothing.
     rig.set_pool(r#"["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]"#);
     assert!(envoy.quiet().await, "no member changed, yet a push came");
-    assert!(rig.requests("ack") >= 2);
+    assert!(rig.requests(EdsRequest::Ack) >= 2);
 }
 
 #[tokio::test]
@@ -281,7 +275,7 @@ async fn a_nack_is_counted_and_the_stream_goes_on() {
     });
     envoy.tx.send(nack).await.unwrap();
     assert!(envoy.quiet().await, "the refused content was sent again");
-    assert_eq!(rig.requests("nack"), 1);
+    assert_eq!(rig.requests(EdsRequest::Nack), 1);
     rig.set_pool(r#"["127.0.0.1:5"]"#);
     let r2 = envoy.next().await;
     assert_eq!(ports(&clusters(&r2)[0]), ["5"]);
@@ -295,7 +289,7 @@ async fn streams_are_bounded_and_a_bad_request_ends_only_its_stream() {
     a.next().await;
     let refused = rig.connect(&["pool"]).await.err().expect("a third stream");
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted);
-    assert_eq!(rig.requests("refused"), 1);
+    assert_eq!(rig.requests(EdsRequest::Refused), 1);
     // The wrong resource type ends that stream with a reason.
     let mut wrong = request(&["pool"], "", "1");
     wrong.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
@@ -322,7 +316,7 @@ async fn streams_are_bounded_and_a_bad_request_ends_only_its_stream() {
         }
     };
     assert_eq!(ports(&clusters(&c.next().await)[0]), ["9"]);
-    assert_eq!(rig.shared.metrics.eds_streams.get(), 2);
+    assert_eq!(rig.shared.metrics.control.eds_streams.get(), 2);
 }
 
 #[tokio::test]
@@ -339,7 +333,7 @@ async fn ads_serves_the_same_and_ignores_other_types() {
     cds.type_url = "type.googleapis.com/envoy.config.cluster.v3.Cluster".into();
     ads.tx.send(cds).await.unwrap();
     assert!(ads.quiet().await);
-    assert_eq!(rig.requests("unsupported"), 1);
+    assert_eq!(rig.requests(EdsRequest::Unsupported), 1);
     ads.ack(NAMES, &a).await;
     rig.set_pool(r#"["127.0.0.1:7"]"#);
     let r = ads.next().await;

@@ -24,7 +24,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
-use fleetroute::metrics::ResultLabel;
+use fleetroute::metrics::Entry;
 use fleetroute_filter::contract::{self, RouteTag};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -52,7 +52,7 @@ async fn rig_with(config: &str) -> Rig {
 trait Counts {
     fn held(&self) -> u64;
     fn inflight(&self) -> u32;
-    fn logged(&self, result: &str) -> u64;
+    fn logged(&self, result: Entry) -> u64;
     async fn logs(
         &self,
     ) -> (
@@ -76,14 +76,8 @@ impl Counts for Rig {
             .sum()
     }
 
-    fn logged(&self, result: &str) -> u64 {
-        self.shared
-            .metrics
-            .access_log_entries
-            .get_or_create(&ResultLabel {
-                result: result.into(),
-            })
-            .get()
+    fn logged(&self, result: Entry) -> u64 {
+        self.shared.metrics.access_log.entries.get(result)
     }
 
     /// Opens an access log stream; the task ends with the service's answer.
@@ -193,14 +187,17 @@ async fn a_decision_holds_load_until_its_log_entry_claims_the_nonce() {
         .await
         .expect("send");
     wait_until("the entry to end the lease", || rig.held() == 0).await;
-    assert_eq!((rig.inflight(), rig.logged("observed")), (0, 1));
+    assert_eq!((rig.inflight(), rig.logged(Entry::Observed)), (0, 1));
 
     // Envoy may log a request twice (retries of the log): the second entry
     // finds no lease and releases nothing more.
     logs.send(batch(vec![entry(Some(&tag))]))
         .await
         .expect("send");
-    wait_until("the repeat to count as late", || rig.logged("late") == 1).await;
+    wait_until("the repeat to count as late", || {
+        rig.logged(Entry::Late) == 1
+    })
+    .await;
     assert_eq!(rig.inflight(), 0);
     drop(logs);
     call.await
@@ -219,7 +216,7 @@ async fn a_nonce_fleetroute_did_not_issue_ends_nothing() {
         .await
         .expect("send");
     wait_until("both entries to be read", || {
-        rig.logged("late") == 1 && rig.logged("untagged") == 1
+        rig.logged(Entry::Late) == 1 && rig.logged(Entry::Untagged) == 1
     })
     .await;
     assert_eq!((rig.held(), rig.inflight()), (1, 1), "the real lease stays");
@@ -441,7 +438,7 @@ async fn garbage_on_either_stream_ends_that_stream_only() {
         "/envoy.service.accesslog.v3.AccessLogService/StreamAccessLogs",
     )
     .await;
-    assert_eq!((rig.held(), rig.logged("observed")), (0, 0));
+    assert_eq!((rig.held(), rig.logged(Entry::Observed)), (0, 0));
     // Both services still answer.
     let tag = route_one(&rig, "after").await;
     let (logs, _call) = rig.logs().await;
@@ -669,7 +666,7 @@ tenants:
         ]))
         .await
         .expect("send");
-        wait_until("the repeats to be read", || rig.logged("late") == 2).await;
+        wait_until("the repeats to be read", || rig.logged(Entry::Late) == 2).await;
         assert_eq!(t.charged_tokens.load(Relaxed), 227);
         assert_eq!(t.admitted.load(Relaxed), 2);
     }
@@ -715,7 +712,7 @@ tenants:
         logs.send(batch(vec![finished(&tag, "100|5|0|1|6", true)]))
             .await
             .expect("send");
-        wait_until("the repeat", || rig.logged("late") == 2).await;
+        wait_until("the repeat", || rig.logged(Entry::Late) == 2).await;
         assert_eq!(t.charged_tokens.load(Relaxed), 105);
     }
 }

@@ -278,10 +278,8 @@ fn the_critical_tenant_keeps_its_objective_while_sheddable_traffic_is_refused_at
             &["class=\"critical\"", &format!("verdict=\"{v}\"")],
         )
     };
-    let all: f64 = fleetroute::metrics::ADMISSION_VERDICTS
-        .iter()
-        .map(|v| gold(v))
-        .sum();
+    use fleetroute::metrics::{Values, Verdict};
+    let all: f64 = Verdict::ALL.iter().map(|v| gold(v.as_str())).sum();
     assert_eq!(all, 24.0, "{m}");
     let held = gold("admitted_after_wait");
     println!(

@@ -10,9 +10,11 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use super::*;
 use crate::config::Priority;
-use crate::metrics::{ADMISSION_VERDICTS, AdmissionVerdict, Metrics, StageClass};
+use crate::metrics::{AdmissionVerdict, Metrics, StageClass, Values, Verdict};
 
-/// Indices into `ADMISSION_VERDICTS`.
+const VERDICTS: usize = 8;
+
+/// Indices into `Verdict::ALL`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Counted {
     Admitted,
@@ -64,7 +66,7 @@ impl Runtime {
 
 /// Metric handles of one stage, resolved once per topology generation.
 pub(super) struct Counters {
-    pub(super) verdicts: [[Counter; ADMISSION_VERDICTS.len()]; 3],
+    pub(super) verdicts: [[Counter; VERDICTS]; 3],
     pub(super) depth: [Gauge; 3],
     pub(super) wait: [Histogram; 3],
 }
@@ -94,21 +96,22 @@ pub(super) struct Stages {
 pub(super) fn counters(m: &Metrics, stage: &str) -> Counters {
     let sc = |c: Priority| StageClass {
         stage: stage.to_string(),
-        class: c.as_str().into(),
+        class: c.as_str(),
     };
     Counters {
         verdicts: Priority::ALL.map(|c| {
-            ADMISSION_VERDICTS.map(|v| {
-                m.admission_verdicts
+            std::array::from_fn(|i| {
+                m.admission
+                    .verdicts
                     .get_or_create(&AdmissionVerdict {
                         stage: stage.to_string(),
-                        class: c.as_str().into(),
-                        verdict: v.into(),
+                        class: c.as_str(),
+                        verdict: Verdict::ALL[i],
                     })
                     .clone()
             })
         }),
-        depth: Priority::ALL.map(|c| m.admission_queue_depth.get_or_create(&sc(c)).clone()),
-        wait: Priority::ALL.map(|c| m.admission_wait.get_or_create(&sc(c)).clone()),
+        depth: Priority::ALL.map(|c| m.admission.queue_depth.get_or_create(&sc(c)).clone()),
+        wait: Priority::ALL.map(|c| m.admission.wait.get_or_create(&sc(c)).clone()),
     }
 }

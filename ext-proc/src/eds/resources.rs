@@ -134,7 +134,7 @@ pub fn publish(shared: Arc<Shared>) -> watch::Receiver<Arc<Resources>> {
                 version = %next.version,
                 "endpoints changed"
             );
-            shared.metrics.eds_updates.inc();
+            shared.metrics.control.eds_updates.inc();
             tx.send_replace(Arc::new(next));
         }
     });

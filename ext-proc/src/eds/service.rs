@@ -35,7 +35,7 @@ use tonic::{Request as GrpcRequest, Response, Status, Streaming};
 
 use super::protocol::{Refused, Request, Stream};
 use super::resources::{self, Resources};
-use crate::metrics::ResultLabel;
+use crate::metrics::EdsRequest;
 use crate::shutdown::Phase;
 use crate::state::Shared;
 use crate::stream_limit::{FIRST_MESSAGE, StreamLimit};
@@ -95,7 +95,7 @@ impl Service {
     ) -> Result<Out, Status> {
         let peer = request.remote_addr().map(|a| a.ip());
         let permit = self.streams.take(peer).inspect_err(|_| {
-            count(&self.shared, "refused");
+            count(&self.shared, EdsRequest::Refused);
         })?;
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(QUEUED);
@@ -103,9 +103,9 @@ impl Service {
         let resources = self.resources.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            shared.metrics.eds_streams.inc();
+            shared.metrics.control.eds_streams.inc();
             serve_stream(&shared, inbound, resources, tx, kind).await;
-            shared.metrics.eds_streams.dec();
+            shared.metrics.control.eds_streams.dec();
         });
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
@@ -121,14 +121,8 @@ enum Kind {
     Eds,
 }
 
-fn count(shared: &Shared, result: &str) {
-    shared
-        .metrics
-        .eds_requests
-        .get_or_create(&ResultLabel {
-            result: result.into(),
-        })
-        .inc();
+fn count(shared: &Shared, result: EdsRequest) {
+    shared.metrics.control.eds_requests.inc(result);
 }
 
 /// Who is asking, for the log (bounded).
@@ -230,7 +224,7 @@ async fn serve_stream(
             // from this one restarted.
             () = &mut closing => break,
             () = &mut silent, if !started => {
-                count(shared, "silent");
+                count(shared, EdsRequest::Silent);
                 tracing::warn!("EDS stream ended: no request within {FIRST_MESSAGE:?}");
                 break;
             }
@@ -247,21 +241,21 @@ async fn serve_stream(
                 }
                 match stream.on_request(&req) {
                     Ok(Request::Nack(why)) => {
-                        count(shared, "nack");
+                        count(shared, EdsRequest::Nack);
                         tracing::warn!(node = %who, nonce = %req.response_nonce, "Envoy refused endpoints (it keeps the ones it had): {why}");
                     }
-                    Ok(Request::Ack) => count(shared, "ack"),
-                    Ok(Request::Subscribe) => count(shared, "subscribe"),
-                    Ok(Request::Stale) => count(shared, "stale"),
+                    Ok(Request::Ack) => count(shared, EdsRequest::Ack),
+                    Ok(Request::Subscribe) => count(shared, EdsRequest::Subscribe),
+                    Ok(Request::Stale) => count(shared, EdsRequest::Stale),
                     Err(Refused::WrongType(t)) if kind == Kind::Ads => {
-                        count(shared, "unsupported");
+                        count(shared, EdsRequest::Unsupported);
                         if !std::mem::replace(&mut warned, true) {
                             tracing::warn!(node = %who, "ADS request for {t} ignored: fleetroute serves only endpoints (point only eds_config at it)");
                         }
                         continue;
                     }
                     Err(e) => {
-                        count(shared, "invalid");
+                        count(shared, EdsRequest::Invalid);
                         tracing::warn!(node = %who, "EDS stream ended: {e}");
                         let _ = tx.try_send(Err(Status::invalid_argument(e.to_string())));
                         break;

@@ -22,7 +22,7 @@ use tonic::{Status, Streaming};
 
 use super::Observation;
 use super::usage::{PromptDetails, Usage};
-use crate::metrics::ResultLabel;
+use crate::metrics::Entry;
 use crate::peers::PeerLink;
 use crate::route::experiment::Arm;
 use crate::shutdown::Phase;
@@ -105,7 +105,7 @@ pub fn observe(shared: &Shared, peers: Option<&PeerLink>, entry: &HttpAccessLogE
     if let Some(owner) = super::forward::owner(entry)
         && owner != shared.instance
     {
-        count(shared, "foreign");
+        count(shared, Entry::Foreign);
         match peers {
             Some(link) => link.forward(owner, super::forward::encode(entry)),
             // Alone: its outcome still counts here, by names; its owner's
@@ -121,21 +121,15 @@ pub fn observe(shared: &Shared, peers: Option<&PeerLink>, entry: &HttpAccessLogE
     observe_own(shared, entry);
 }
 
-fn count(shared: &Shared, result: &str) {
-    shared
-        .metrics
-        .access_log_entries
-        .get_or_create(&ResultLabel {
-            result: result.into(),
-        })
-        .inc();
+fn count(shared: &Shared, result: Entry) {
+    shared.metrics.access_log.entries.inc(result);
 }
 
 /// Ends the entry's lease (this instance's decision), commits its tenant's
 /// charge and hands its outcome to the writer.
 pub fn observe_own(shared: &Shared, entry: &HttpAccessLogEntry) {
     let result = match read_entry(entry) {
-        None => "untagged",
+        None => Entry::Untagged,
         Some((nonce, mut obs)) => {
             let lease = shared.leases.end(nonce);
             if let Some(l) = &lease {
@@ -154,7 +148,7 @@ pub fn observe_own(shared: &Shared, entry: &HttpAccessLogEntry) {
                 super::charge::settle(shared, entry, &obs, c);
             }
             shared.emit(Event::Observed(Box::new(obs)));
-            if ended { "observed" } else { "late" }
+            if ended { Entry::Observed } else { Entry::Late }
         }
     };
     count(shared, result);

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::metrics::ResultLabel;
+use crate::metrics::EnvoyLog;
 use crate::state::Shared;
 
 const INTERVAL: Duration = Duration::from_secs(5);
@@ -63,15 +63,15 @@ pub async fn run(shared: Arc<Shared>, envoy_admin: SocketAddr) {
             && let Some(body) = read_bounded(resp).await
         {
             let (written, dropped) = parse(&String::from_utf8_lossy(&body));
-            for (result, v) in [("written", written), ("dropped", dropped)] {
-                shared
-                    .metrics
-                    .envoy_access_log
-                    .get_or_create(&ResultLabel {
-                        result: result.into(),
-                    })
-                    .set(v as i64);
-            }
+            let envoy = &shared.metrics.access_log.envoy;
+            envoy.set(
+                EnvoyLog::Written,
+                i64::try_from(written).unwrap_or(i64::MAX),
+            );
+            envoy.set(
+                EnvoyLog::Dropped,
+                i64::try_from(dropped).unwrap_or(i64::MAX),
+            );
         }
         tokio::time::sleep(INTERVAL).await;
     }

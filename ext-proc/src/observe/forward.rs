@@ -17,7 +17,7 @@ use fleetroute_filter::contract;
 use prost::Message;
 use tokio::sync::mpsc;
 
-use crate::metrics::Metrics;
+use crate::metrics::Forwarded;
 use crate::state::Shared;
 
 /// The instance that decided the entry's request, when the tag names one.
@@ -94,10 +94,10 @@ pub async fn receive(shared: Arc<Shared>, mut rx: mpsc::Receiver<Vec<u8>>) {
         match HttpAccessLogEntry::decode(bytes.as_slice()) {
             // An entry that names another owner is not this one's to end.
             Ok(e) if owner(&e) == Some(shared.instance.as_str()) => {
-                Metrics::count(&m.access_log_forwards, "received", 1);
+                m.peers.forwards.add(Forwarded::Received, 1);
                 super::access_log::observe_own(&shared, &e);
             }
-            _ => Metrics::count(&m.access_log_forwards, "bad", 1),
+            _ => m.peers.forwards.add(Forwarded::Bad, 1),
         }
     }
 }

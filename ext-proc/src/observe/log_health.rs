@@ -10,10 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-
-use crate::metrics::ResultLabel;
+use crate::metrics::{Entry, EnvoyLog, Released, Values};
 use crate::state::Shared;
 
 const INTERVAL: Duration = Duration::from_secs(5);
@@ -42,24 +39,12 @@ pub fn missing(before: Counts, now: Counts) -> bool {
 
 fn counts(shared: &Shared) -> Counts {
     let m = &shared.metrics;
-    let get = |f: &Family<ResultLabel, Counter>, r: &str| {
-        f.get_or_create(&ResultLabel { result: r.into() }).get()
-    };
+    let log = &m.access_log;
     Counts {
-        received: ["observed", "untagged", "late", "foreign"]
-            .iter()
-            .map(|r| get(&m.access_log_entries, r))
-            .sum(),
-        logged: get(&m.leases_released, "logged"),
-        expired: get(&m.leases_released, "expired"),
-        envoy_written: u64::try_from(
-            m.envoy_access_log
-                .get_or_create(&ResultLabel {
-                    result: "written".into(),
-                })
-                .get(),
-        )
-        .unwrap_or(0),
+        received: Entry::ALL.iter().map(|&e| log.entries.get(e)).sum(),
+        logged: log.leases_released.get(Released::Logged),
+        expired: log.leases_released.get(Released::Expired),
+        envoy_written: u64::try_from(log.envoy.get(EnvoyLog::Written)).unwrap_or(0),
     }
 }
 
@@ -70,7 +55,7 @@ pub async fn run(shared: Arc<Shared>) {
         tokio::time::sleep(INTERVAL).await;
         let now = counts(&shared);
         let is = missing(before, now);
-        shared.metrics.access_log_missing.set(i64::from(is));
+        shared.metrics.access_log.missing.set(i64::from(is));
         if is != was {
             if is {
                 tracing::warn!(

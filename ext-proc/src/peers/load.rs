@@ -8,7 +8,11 @@ impl Task {
     pub(super) fn write_load(&self, pipe: &mut redis::Pipeline, report: &LoadReport) -> u64 {
         let (bytes, left) = wire::encode_load(report, self.cfg.max_batch_bytes);
         if left > 0 {
-            Metrics::count(&self.shared.metrics.peer_load_reports, "truncated", 1);
+            self.shared
+                .metrics
+                .peers
+                .load_reports
+                .add(LoadExchange::Truncated, 1);
         }
         pipe.cmd("XADD")
             .arg(&self.load_key)
@@ -40,7 +44,7 @@ impl Task {
         let m = &self.shared.metrics;
         let report = wire::decode_load(bytes).filter(|_| valid_instance_id(from));
         let Some(report) = report else {
-            Metrics::count(&m.peer_load_reports, "bad", 1);
+            m.peers.load_reports.add(LoadExchange::Bad, 1);
             return;
         };
         // Both instants are Redis's: no two machines' clocks compared.
@@ -50,13 +54,13 @@ impl Task {
         let result = match self.loads.receive(topo, from, report, age, Instant::now()) {
             Received::Kept { unknown } => {
                 if unknown > 0 {
-                    Metrics::count(&m.peer_load_reports, "unknown", 1);
+                    m.peers.load_reports.add(LoadExchange::Unknown, 1);
                 }
-                "received"
+                LoadExchange::Received
             }
-            Received::Stale => "stale",
-            Received::Ignored => "ignored",
+            Received::Stale => LoadExchange::Stale,
+            Received::Ignored => LoadExchange::Ignored,
         };
-        Metrics::count(&m.peer_load_reports, result, 1);
+        m.peers.load_reports.inc(result);
     }
 }

@@ -43,7 +43,7 @@ use redis::streams::StreamReadReply;
 use tokio::sync::mpsc;
 
 use crate::config::PeersConfig;
-use crate::metrics::Metrics;
+use crate::metrics::{Direction, Forwarded, LoadExchange, PrefixUpdate};
 use crate::redis_link::RedisLink;
 use crate::state::peer::PeerUpdate;
 use crate::state::peer_load::{LoadReport, PeerLoads, Received, Reporter};
@@ -93,7 +93,11 @@ impl PeerLink {
     /// Queues `bytes` for instance `owner`; never waits (a full queue drops it).
     pub fn forward(&self, owner: &str, bytes: Vec<u8>) {
         if bytes.len() > wire::MAX_ITEM_BYTES || !valid_instance_id(owner) {
-            Metrics::count(&self.shared.metrics.access_log_forwards, "dropped", 1);
+            self.shared
+                .metrics
+                .peers
+                .forwards
+                .add(Forwarded::Dropped, 1);
             return;
         }
         let f = Forward {
@@ -101,7 +105,11 @@ impl PeerLink {
             bytes,
         };
         if self.forwards.try_send(f).is_err() {
-            Metrics::count(&self.shared.metrics.access_log_forwards, "dropped", 1);
+            self.shared
+                .metrics
+                .peers
+                .forwards
+                .add(Forwarded::Dropped, 1);
         }
     }
 }
@@ -232,7 +240,7 @@ impl Task {
                 Ok(u) => {
                     if self.pending.len() >= self.cfg.max_pending {
                         self.pending.pop_front();
-                        m.peer_update("dropped");
+                        m.peers.updates.inc(PrefixUpdate::Dropped);
                     }
                     self.pending.push_back(u);
                 }
@@ -243,7 +251,7 @@ impl Task {
         while let Ok(f) = self.forwards.try_recv() {
             if self.pending_fwd.len() >= self.cfg.max_pending {
                 self.pending_fwd.pop_front();
-                Metrics::count(&m.access_log_forwards, "dropped", 1);
+                m.peers.forwards.add(Forwarded::Dropped, 1);
             }
             self.pending_fwd.push_back(f);
         }
@@ -291,7 +299,11 @@ impl Task {
                 self.sent(written);
                 if let Some(r) = report {
                     self.reporter.sent(r, now);
-                    Metrics::count(&self.shared.metrics.peer_load_reports, "sent", 1);
+                    self.shared
+                        .metrics
+                        .peers
+                        .load_reports
+                        .add(LoadExchange::Sent, 1);
                 }
                 if let Some(read) = read {
                     self.read(read, &topo, secs * 1000 + micros / 1000);
@@ -302,7 +314,7 @@ impl Task {
                             "peer link: Redis answers again; sharing prefixes and access log entries with the other instances"
                         );
                     }
-                    self.shared.metrics.peers_up.set(1);
+                    self.shared.metrics.peers.up.set(1);
                 }
                 self.up = Some(true);
             }
@@ -311,7 +323,7 @@ impl Task {
                 if self.up != Some(false) {
                     tracing::warn!(error = %e,
                         "peer link: Redis unreachable; this instance routes on its own decisions until it answers");
-                    self.shared.metrics.peers_up.set(0);
+                    self.shared.metrics.peers.up.set(0);
                 }
                 self.up = Some(false);
             }
@@ -323,7 +335,7 @@ impl Task {
             // during the round trip, and figures go to the current slots.
             let topo = self.shared.snapshot().topo.clone();
             let peers = self.loads.apply(&topo, Instant::now());
-            self.shared.metrics.peer_load_peers.set(peers as i64);
+            self.shared.metrics.peers.load_peers.set(peers as i64);
         }
     }
 }

@@ -94,15 +94,17 @@ impl Task {
         for _ in 0..w.updates {
             self.pending.pop_front();
         }
-        Metrics::count(&m.peer_updates, "sent", w.updates as u64);
+        m.peers.updates.add(PrefixUpdate::Sent, w.updates as u64);
         let mut keep = vec![true; self.pending_fwd.len()];
         for &i in &w.forwards {
             keep[i] = false;
         }
         let mut kept = keep.into_iter();
         self.pending_fwd.retain(|_| kept.next().unwrap_or(true));
-        Metrics::count(&m.access_log_forwards, "sent", w.forwards.len() as u64);
-        Metrics::count(&m.peer_bytes, "sent", w.bytes);
+        m.peers
+            .forwards
+            .add(Forwarded::Sent, w.forwards.len() as u64);
+        m.peers.bytes.add(Direction::Sent, w.bytes);
     }
 
     pub(super) fn read(&mut self, read: StreamReadReply, topo: &Topology, redis_ms: u64) {
@@ -125,7 +127,7 @@ impl Task {
                     continue;
                 }
                 let m = &self.shared.metrics;
-                Metrics::count(&m.peer_bytes, "received", bytes.len() as u64);
+                m.peers.bytes.add(Direction::Received, bytes.len() as u64);
                 if load {
                     let from = from.unwrap_or_default();
                     self.read_load(topo, &entry.id, &from, &bytes, redis_ms);
@@ -134,11 +136,11 @@ impl Task {
                         Some(items) => {
                             for item in items {
                                 if self.forwarded.try_send(item).is_err() {
-                                    Metrics::count(&m.access_log_forwards, "dropped", 1);
+                                    m.peers.forwards.add(Forwarded::Dropped, 1);
                                 }
                             }
                         }
-                        None => Metrics::count(&m.access_log_forwards, "bad", 1),
+                        None => m.peers.forwards.add(Forwarded::Bad, 1),
                     }
                 } else {
                     match wire::decode_updates(&bytes) {
@@ -147,7 +149,7 @@ impl Task {
                                 self.shared.emit(Event::Peer(Box::new(u)));
                             }
                         }
-                        None => m.peer_update("bad"),
+                        None => m.peers.updates.inc(PrefixUpdate::Bad),
                     }
                 }
             }

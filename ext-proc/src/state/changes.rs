@@ -11,7 +11,7 @@ use super::writer::Writer;
 use crate::config::{
     Bounds, ExperimentConfig, RouterConfig, RoutingConfig, TenantPatch, ValidConfig,
 };
-use crate::metrics::ResultLabel;
+use crate::metrics::Reload;
 
 #[derive(Debug)]
 pub enum Change {
@@ -98,11 +98,7 @@ impl Writer {
         let m = &self.shared.metrics;
         match change {
             Change::Reload { config, source } => {
-                m.reloads
-                    .get_or_create(&ResultLabel {
-                        result: "applied".into(),
-                    })
-                    .inc();
+                m.control.reloads.inc(Reload::Applied);
                 self.install(*config, now);
                 Ok(format!(
                     "config reloaded ({source}), generation {}",
@@ -230,7 +226,7 @@ impl Writer {
     /// Validates a whole edited config and swaps it in.
     fn commit(&mut self, cfg: RouterConfig, now: Instant) -> Result<(), ChangeError> {
         let cfg = crate::config::validate(cfg).map_err(|e| ChangeError::Conflict(e.to_string()))?;
-        self.shared.metrics.admin_changes.inc();
+        self.shared.metrics.control.admin_changes.inc();
         self.install(cfg, now);
         Ok(())
     }

@@ -20,12 +20,10 @@ use std::time::{Duration, Instant};
 use moka::Expiry;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 
 use super::Decided;
 use crate::config::LeaseConfig;
-use crate::metrics::ResultLabel;
+use crate::metrics::{PrefillEnded, Released, Results};
 use crate::tenancy::charge::Charge;
 use crate::topology::load::{ReplicaLoad, RequestGuard};
 
@@ -60,14 +58,6 @@ impl Lease {
     pub fn take_charge(&self) -> Option<Charge> {
         self.charge.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
-}
-
-fn count(family: &Family<ResultLabel, Counter>, result: &str) {
-    family
-        .get_or_create(&ResultLabel {
-            result: result.into(),
-        })
-        .inc();
 }
 
 /// An expired charge waiting for a late entry.
@@ -138,17 +128,14 @@ pub struct Leases {
     whole: Cache<u64, Arc<Lease>>,
     prefill: Cache<u64, Arc<Lease>>,
     late: Cache<u64, Late>,
-    released: Family<ResultLabel, Counter>,
-    prefill_ended: Family<ResultLabel, Counter>,
+    released: Results<Released>,
+    prefill_ended: Results<PrefillEnded>,
 }
 
 impl Leases {
     /// `released` counts leases by how they ended, `prefill_ended` their
     /// prefill shares.
-    pub fn new(
-        released: Family<ResultLabel, Counter>,
-        prefill_ended: Family<ResultLabel, Counter>,
-    ) -> Self {
+    pub fn new(released: Results<Released>, prefill_ended: Results<PrefillEnded>) -> Self {
         let counted = released.clone();
         let late: Cache<u64, Late> = Cache::builder()
             .max_capacity(MAX_LATE)
@@ -160,16 +147,14 @@ impl Leases {
             .expire_after(WholeBound)
             .eviction_listener(move |nonce: Arc<u64>, l: Arc<Lease>, cause| {
                 let why = match cause {
-                    RemovalCause::Expired => "expired",
-                    RemovalCause::Size => "evicted",
+                    RemovalCause::Expired => Released::Expired,
+                    RemovalCause::Size => Released::Evicted,
                     // Explicit removals (`end`, `reconcile`) count themselves.
                     _ => return,
                 };
                 l.guard.release();
                 expire_charge(&expired, *nonce, &l);
-                counted
-                    .get_or_create(&ResultLabel { result: why.into() })
-                    .inc();
+                counted.inc(why);
             })
             .build();
         let estimated = prefill_ended.clone();
@@ -179,20 +164,10 @@ impl Leases {
             .eviction_listener(move |_, l: Arc<Lease>, cause| {
                 l.guard.prefill_done();
                 if cause == RemovalCause::Expired {
-                    estimated
-                        .get_or_create(&ResultLabel {
-                            result: "estimate".into(),
-                        })
-                        .inc();
+                    estimated.inc(PrefillEnded::Estimate);
                 }
             })
             .build();
-        for r in ["logged", "expired", "evicted", "reconciled"] {
-            drop(released.get_or_create(&ResultLabel { result: r.into() }));
-        }
-        for r in ["first_byte", "estimate", "request_end"] {
-            drop(prefill_ended.get_or_create(&ResultLabel { result: r.into() }));
-        }
         Leases {
             whole,
             prefill,
@@ -229,11 +204,11 @@ impl Leases {
     /// `None` when the lease already ended (by its bound or reconciliation).
     pub fn end(&self, nonce: u64) -> Option<Arc<Lease>> {
         if self.prefill.remove(&nonce).is_some() {
-            count(&self.prefill_ended, "request_end");
+            self.prefill_ended.inc(PrefillEnded::RequestEnd);
         }
         let lease = self.whole.remove(&nonce)?;
         lease.guard.release();
-        self.count("logged");
+        self.released.inc(Released::Logged);
         Some(lease)
     }
 
@@ -245,7 +220,7 @@ impl Leases {
             return false;
         };
         lease.guard.first_byte();
-        count(&self.prefill_ended, "first_byte");
+        self.prefill_ended.inc(PrefillEnded::FirstByte);
         true
     }
 
@@ -260,10 +235,6 @@ impl Leases {
         let late = self.late.remove(&nonce)?;
         let mut slot = late.lock().unwrap_or_else(|e| e.into_inner());
         slot.take()
-    }
-
-    fn count(&self, result: &str) {
-        count(&self.released, result);
     }
 
     /// Runs expirations (called on the writer's tick).
@@ -305,7 +276,7 @@ impl Leases {
             if let Some(l) = self.whole.remove(&nonce) {
                 l.guard.release();
                 expire_charge(&self.late, nonce, &l);
-                self.count("reconciled");
+                self.released.inc(Released::Reconciled);
                 released += 1;
             }
         }

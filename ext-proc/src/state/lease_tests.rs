@@ -52,7 +52,7 @@ fn bounds_follow_the_request_within_floor_and_ceiling() {
 #[test]
 fn a_lost_entry_cannot_leak_load() {
     let load = Arc::new(ReplicaLoad::default());
-    let leases = Leases::new(Family::default(), Family::default());
+    let leases = Leases::new(Default::default(), Default::default());
     let c = LeaseConfig {
         min_ms: 30,
         max_ms: 30,
@@ -94,7 +94,7 @@ fn a_lost_entry_cannot_leak_load() {
 #[test]
 fn the_first_byte_ends_the_prefill_share_and_keeps_the_request() {
     let load = Arc::new(ReplicaLoad::default());
-    let leases = Leases::new(Family::default(), Family::default());
+    let leases = Leases::new(Default::default(), Default::default());
     // Long bounds: only the report may end the prefill share here.
     let long = LeaseInput {
         prefill_tokens: 100_000,
@@ -122,7 +122,7 @@ fn the_first_byte_ends_the_prefill_share_and_keeps_the_request() {
 fn reconcile_releases_only_the_old_surplus() {
     let load = Arc::new(ReplicaLoad::default());
     let other = Arc::new(ReplicaLoad::default());
-    let leases = Leases::new(Family::default(), Family::default());
+    let leases = Leases::new(Default::default(), Default::default());
     let c = cfg();
     for n in 0..3 {
         leases.hold(n, load.start(0), DECIDED, &c, &LeaseInput::default(), None);

@@ -302,7 +302,7 @@ impl Shared {
     /// is dropped and counted (it only refines state that later events correct).
     pub fn emit(&self, event: Event) {
         if self.events.try_send(event).is_err() {
-            self.metrics.events_dropped.inc();
+            self.metrics.control.events_dropped.inc();
         }
     }
 

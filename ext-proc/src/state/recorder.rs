@@ -9,8 +9,8 @@ use super::accounting::Accounting;
 use super::model::FleetModel;
 use super::observation::Observation;
 use crate::metrics::{
-    FleetLabel, HitRate, Metrics, Outcome, Rejected, Replica, ReplicaStates, StageFleet,
-    StageFleetArm, Tokens,
+    Class, FleetLabel, HitRate, HitSource, Metrics, Outcome, Rejected, Replica, ReplicaState,
+    ReplicaStates, StageFleet, StageFleetArm, TokenKind, Tokens, Values,
 };
 use crate::topology::{ById, Topology};
 
@@ -20,7 +20,8 @@ pub(super) fn routed(m: &Metrics, topo: &Topology, r: &Routed) {
     else {
         return;
     };
-    m.requests
+    m.routing
+        .requests
         .get_or_create(&StageFleetArm {
             stage: stage.name.clone(),
             fleet: fleet.name.clone(),
@@ -28,71 +29,76 @@ pub(super) fn routed(m: &Metrics, topo: &Topology, r: &Routed) {
         })
         .inc();
     if let Some(s) = r.shadow.and_then(|s| topo.fleets.by_id(s)) {
-        m.shadowed
+        m.routing
+            .shadowed
             .get_or_create(&StageFleet {
                 stage: stage.name.clone(),
                 fleet: s.name.clone(),
             })
             .inc();
     }
-    m.tokens
+    m.routing
+        .tokens
         .get_or_create(&Tokens {
             stage: stage.name.clone(),
             fleet: fleet.name.clone(),
-            kind: "predicted_cached".into(),
+            kind: TokenKind::PredictedCached,
         })
         .inc_by(r.predicted_cached_tokens);
 }
 
 /// fleetroute answered the request itself.
 pub(super) fn rejected(m: &Metrics, stage: String, reason: &'static str) {
-    m.rejected
-        .get_or_create(&Rejected {
-            stage,
-            reason: reason.to_string(),
-        })
+    m.routing
+        .rejected
+        .get_or_create(&Rejected { stage, reason })
         .inc();
 }
 
 /// Counters and histograms of one response.
 pub(super) fn outcome(m: &Metrics, o: &Observation) {
     let class = match o.status {
-        None => "no_response",
-        Some(_) if o.ended_early => "ended_early",
-        Some(s) if (200..300).contains(&s) => "ok",
-        Some(s) if (400..500).contains(&s) => "client_error",
-        Some(_) => "server_error",
+        None => Class::NoResponse,
+        Some(_) if o.ended_early => Class::EndedEarly,
+        Some(s) if (200..300).contains(&s) => Class::Ok,
+        Some(s) if (400..500).contains(&s) => Class::ClientError,
+        Some(_) => Class::ServerError,
     };
-    m.responses
+    m.routing
+        .responses
         .get_or_create(&Outcome {
             stage: o.stage.clone(),
             fleet: o.fleet.clone(),
             arm: o.arm.as_str().to_string(),
-            class: class.to_string(),
+            class,
         })
         .inc();
     let sf = StageFleet {
         stage: o.stage.clone(),
         fleet: o.fleet.clone(),
     };
-    m.duration.get_or_create(&sf).observe(o.total.as_secs_f64());
+    m.routing
+        .duration
+        .get_or_create(&sf)
+        .observe(o.total.as_secs_f64());
     if o.stream
         && o.succeeded()
         && let Some(t) = o.time_to_first_byte
     {
-        m.ttft.get_or_create(&sf).observe(t.as_secs_f64());
+        m.routing.ttft.get_or_create(&sf).observe(t.as_secs_f64());
     }
     if let Some(u) = o.usage {
         for (kind, n) in [
-            ("prompt", u.prompt_tokens),
-            ("completion", u.completion_tokens),
-            ("cached", u.cached_tokens().unwrap_or(0)),
+            (TokenKind::Prompt, u.prompt_tokens),
+            (TokenKind::Completion, u.completion_tokens),
+            (TokenKind::Cached, u.cached_tokens().unwrap_or(0)),
         ] {
-            m.tokens
+            m.routing
+                .tokens
                 .get_or_create(&Tokens {
                     stage: o.stage.clone(),
                     fleet: o.fleet.clone(),
-                    kind: kind.into(),
+                    kind,
                 })
                 .inc_by(n);
         }
@@ -105,8 +111,8 @@ pub(super) fn replica_gone(m: &Metrics, fleet: &str, addr: &str) {
         fleet: fleet.to_string(),
         replica: addr.to_string(),
     };
-    m.inflight.remove(&l);
-    m.queued_tokens.remove(&l);
+    m.fleets.inflight.remove(&l);
+    m.fleets.queued_tokens.remove(&l);
 }
 
 /// The gauges of `/metrics`, from the writer's models.
@@ -122,52 +128,53 @@ pub(super) fn gauges(
             fleet: fleet.name.clone(),
         };
         let u = fm.saturation.utilisation;
-        m.utilisation
+        m.fleets
+            .utilisation
             .get_or_create(&label)
             .set(if u.is_finite() { u } else { -1.0 });
-        m.saturated
+        m.fleets
+            .saturated
             .get_or_create(&label)
             .set(i64::from(fm.saturation.spilling));
-        m.desired.get_or_create(&label).set(i64::from(fm.desired));
-        m.tokens_per_sec
+        m.fleets
+            .desired
+            .get_or_create(&label)
+            .set(i64::from(fm.desired));
+        m.fleets
+            .tokens_per_sec
             .get_or_create(&label)
             .set(fm.figures.tokens_per_sec);
         if let Some(c) = &fleet.cost
             && let Some(p) = c.gpu_hour_usd
         {
-            m.cost_gpu_hour.get_or_create(&label).set(p);
+            m.fleets.cost_gpu_hour.get_or_create(&label).set(p);
         }
         match fm.figures.usd_per_mtok {
-            Some(c) => m.cost_mtok.get_or_create(&label).set(c),
+            Some(c) => m.fleets.cost_mtok.get_or_create(&label).set(c),
             // Unknown again (an idle fleet priced by measured throughput): no
             // series rather than a stale price.
             None => {
-                m.cost_mtok.remove(&label);
+                m.fleets.cost_mtok.remove(&label);
                 0.0
             }
         };
         let labels: Vec<&str> = fm.replicas.values().map(|r| r.state(now).label()).collect();
         let leaving = labels.iter().filter(|&&l| l == "leaving").count();
-        m.fleet_members
+        m.fleets
+            .members
             .get_or_create(&label)
             .set((labels.len() - leaving) as i64);
-        m.members_ignored
+        m.fleets
+            .members_ignored
             .get_or_create(&label)
             .set(fm.waiting.len() as i64);
-        for state in [
-            "ready",
-            "unhealthy",
-            "warming",
-            "ejected",
-            "draining",
-            "leaving",
-            "unknown",
-        ] {
-            let n = labels.iter().filter(|&&l| l == state).count();
-            m.replicas
+        for &state in ReplicaState::ALL {
+            let n = labels.iter().filter(|&&l| l == state.as_str()).count();
+            m.fleets
+                .replicas
                 .get_or_create(&ReplicaStates {
                     fleet: fleet.name.clone(),
-                    state: state.into(),
+                    state,
                 })
                 .set(n as i64);
         }
@@ -177,10 +184,12 @@ pub(super) fn gauges(
                 fleet: fleet.name.clone(),
                 replica: r.addr.clone(),
             };
-            m.inflight
+            m.fleets
+                .inflight
                 .get_or_create(&l)
                 .set(i64::from(r.load.own_inflight()));
-            m.queued_tokens
+            m.fleets
+                .queued_tokens
                 .get_or_create(&l)
                 .set(r.load.own_pending_prefill() as i64);
         }
@@ -192,17 +201,22 @@ pub(super) fn gauges(
                 stage: stage.name.clone(),
                 fleet: fleet.clone(),
             };
-            m.traffic_share
+            m.routing
+                .traffic_share
                 .get_or_create(&sf)
                 .set(acc.share(&stage.name, fleet));
             let (predicted, engine) = acc.hit_rates(&stage.name, fleet);
-            for (source, v) in [("predicted", predicted), ("engine", engine)] {
+            for (source, v) in [
+                (HitSource::Predicted, predicted),
+                (HitSource::Engine, engine),
+            ] {
                 if let Some(v) = v {
-                    m.hit_rate
+                    m.routing
+                        .hit_rate
                         .get_or_create(&HitRate {
                             stage: stage.name.clone(),
                             fleet: fleet.clone(),
-                            source: source.into(),
+                            source,
                         })
                         .set(v);
                 }

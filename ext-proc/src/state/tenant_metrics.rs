@@ -12,10 +12,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use super::Shared;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
 
-use crate::metrics::{Metrics, ResultLabel, TenantLabel, TenantRefusal};
+use crate::metrics::{Audit, Metrics, Results, SharedCounters, TenantLabel, TenantRefusal, Values};
 use crate::tenancy::ledger::{Limit, OTHER, TenantState};
 
 /// What was exported last, per tenant and for the process-wide counters.
@@ -57,7 +55,7 @@ pub fn export(shared: &Shared) {
     let m = &shared.metrics;
     let cfg = ledger.config();
     let mut all = ledger.tenants();
-    m.tenants_tracked.set(all.len() as i64);
+    m.tenants.tracked.set(all.len() as i64);
 
     // The shown set: pinned, then the top by tokens charged.
     let mut shown: HashSet<Arc<str>> = HashSet::new();
@@ -82,83 +80,87 @@ pub fn export(shared: &Shared) {
         let name = if own { &*t.id } else { OTHER };
         let last = series.last.entry(t.id.clone()).or_default();
         let l = label(name);
-        m.tenant_requests
+        m.tenants
+            .requests
             .get_or_create(&l)
             .inc_by(grow(&mut last.requests, t.admitted.load(Relaxed)));
-        m.tenant_tokens
+        m.tenants
+            .tokens
             .get_or_create(&l)
             .inc_by(grow(&mut last.tokens, t.charged_tokens.load(Relaxed)));
         let micro = grow(&mut last.micro_usd, t.charged_micro_usd.load(Relaxed));
-        m.tenant_spend.get_or_create(&l).inc_by(micro as f64 / 1e6);
+        m.tenants.spend.get_or_create(&l).inc_by(micro as f64 / 1e6);
         for (i, limit) in Limit::ALL.iter().enumerate() {
             let n = grow(&mut last.refused[i], t.refused(*limit));
-            m.tenant_refused
+            m.tenants
+                .refused
                 .get_or_create(&TenantRefusal {
                     tenant: name.to_string(),
-                    limit: limit.as_str().to_string(),
+                    limit: limit.as_str(),
                 })
                 .inc_by(n);
         }
         let in_flight = t.requests.load(Relaxed) as i64;
         if own {
-            m.tenant_in_flight.get_or_create(&l).set(in_flight);
+            m.tenants.in_flight.get_or_create(&l).set(in_flight);
         } else {
             other_in_flight += in_flight;
         }
     }
-    m.tenant_in_flight
+    m.tenants
+        .in_flight
         .get_or_create(&label(OTHER))
         .set(other_in_flight);
     series.shown = shown;
 
     if let Some(r) = shared.tenants.redis() {
         for (name, v) in [
-            ("refills", &r.refills),
-            ("errors", &r.redis_errors),
-            ("fallback_decisions", &r.fallback_decisions),
-            ("caught_up_tokens", &r.caught_up_tokens),
-            ("restored_tokens", &r.restored_tokens),
+            (SharedCounters::Refills, &r.refills),
+            (SharedCounters::Errors, &r.redis_errors),
+            (SharedCounters::FallbackDecisions, &r.fallback_decisions),
+            (SharedCounters::CaughtUpTokens, &r.caught_up_tokens),
+            (SharedCounters::RestoredTokens, &r.restored_tokens),
         ] {
-            process(&mut series.process, &m.tenant_redis, name, v.load(Relaxed));
+            process(
+                &mut series.process,
+                &m.tenants.shared,
+                name,
+                v.load(Relaxed),
+            );
         }
     }
     if let Some(a) = shared.tenants.audit_log() {
         let c = a.counters();
         for (name, v) in [
-            ("written", &c.written),
-            ("dropped_full", &c.dropped_full),
-            ("dropped_write", &c.dropped_write),
+            (Audit::Written, &c.written),
+            (Audit::DroppedFull, &c.dropped_full),
+            (Audit::DroppedWrite, &c.dropped_write),
         ] {
-            process(&mut series.process, &m.audit_records, name, v.load(Relaxed));
+            process(&mut series.process, &m.tenants.audit, name, v.load(Relaxed));
         }
     }
 }
 
-/// A process-wide counter mirrored into `family{result=name}`.
-fn process(
+/// A process-wide counter mirrored into `family{result}`.
+fn process<E: Values>(
     last: &mut HashMap<&'static str, u64>,
-    family: &Family<ResultLabel, Counter>,
-    name: &'static str,
+    family: &Results<E>,
+    result: E,
     now: u64,
 ) {
-    let n = grow(last.entry(name).or_default(), now);
-    family
-        .get_or_create(&ResultLabel {
-            result: name.into(),
-        })
-        .inc_by(n);
+    family.add(result, grow(last.entry(result.as_str()).or_default(), now));
 }
 
 fn remove(m: &Metrics, tenant: &str) {
     let l = label(tenant);
-    m.tenant_requests.remove(&l);
-    m.tenant_tokens.remove(&l);
-    m.tenant_spend.remove(&l);
-    m.tenant_in_flight.remove(&l);
+    m.tenants.requests.remove(&l);
+    m.tenants.tokens.remove(&l);
+    m.tenants.spend.remove(&l);
+    m.tenants.in_flight.remove(&l);
     for limit in Limit::ALL {
-        m.tenant_refused.remove(&TenantRefusal {
+        m.tenants.refused.remove(&TenantRefusal {
             tenant: tenant.to_string(),
-            limit: limit.as_str().to_string(),
+            limit: limit.as_str(),
         });
     }
 }

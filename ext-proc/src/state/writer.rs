@@ -24,7 +24,7 @@ use super::observation::Observation;
 use super::peer::{OUTBOX, PeerChange, PeerUpdate};
 use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
 use crate::config::{RouterConfig, Source, ValidConfig};
-use crate::metrics::Metrics;
+use crate::metrics::PrefixUpdate;
 use crate::tenancy::accountant::Accountant;
 use crate::topology::{ById, FleetId, ReplicaId, Slots, Topology};
 
@@ -93,7 +93,7 @@ impl Writer {
         }));
         let config = Arc::new(RouterConfig::clone(cfg));
         let failed_keys = FailedKeysWriter::default();
-        let metrics = Metrics::new();
+        let metrics = crate::metrics::Metrics::new();
         let first = snapshot::build(
             &topo,
             &config,
@@ -106,8 +106,8 @@ impl Writer {
             snapshot: ArcSwap::from_pointee(first),
             events: tx,
             leases: Leases::new(
-                metrics.leases_released.clone(),
-                metrics.prefill_ended.clone(),
+                metrics.access_log.leases_released.clone(),
+                metrics.access_log.prefill_ended.clone(),
             ),
             decisions: Mutex::default(),
             metrics,
@@ -159,11 +159,11 @@ impl Writer {
             change,
         };
         let result = if tx.try_send(update).is_ok() {
-            "queued"
+            PrefixUpdate::Queued
         } else {
-            "dropped"
+            PrefixUpdate::Dropped
         };
-        self.shared.metrics.peer_update(result);
+        self.shared.metrics.peers.updates.inc(result);
     }
 
     /// Another instance's prefix change, found by names in this topology.
@@ -173,7 +173,7 @@ impl Writer {
             .fleet_index(&u.fleet)
             .and_then(|f| Some((f, topo.fleets.by_id(f)?.replica_index(&u.replica)?)));
         let Some((f, r)) = found else {
-            self.shared.metrics.peer_update("unknown");
+            self.shared.metrics.peers.updates.inc(PrefixUpdate::Unknown);
             return;
         };
         match u.change {
@@ -183,7 +183,7 @@ impl Writer {
             } => self.fleets[f].cached(r, &blocks, block_tokens),
             PeerChange::Cleared => self.fleets[f].index.clear(r),
         }
-        self.shared.metrics.peer_update("applied");
+        self.shared.metrics.peers.updates.inc(PrefixUpdate::Applied);
     }
 
     pub async fn run(mut self) {
@@ -205,7 +205,7 @@ impl Writer {
                 _ = tick.tick() => {
                     self.tick(Instant::now());
                     self.shared.leases.run_pending();
-                    self.shared.metrics.leases_held.set(self.shared.leases.held() as i64);
+                    self.shared.metrics.access_log.leases_held.set(self.shared.leases.held() as i64);
                 }
             }
         }

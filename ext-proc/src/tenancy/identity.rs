@@ -17,7 +17,7 @@ pub const JWT_NAMESPACE: &str = "envoy.filters.http.jwt_authn";
 pub const JWT_PAYLOAD: &str = "payload";
 
 /// Why a request has no tenant where one is required: a 401.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub enum Unidentified {
     /// No bearer token.
     MissingKey,
