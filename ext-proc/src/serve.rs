@@ -80,7 +80,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         Some(_) => {
             let updates = writer.share_updates();
             let started = crate::peers::start(shared.clone(), &cfg.peers, &instance, updates)?;
-            tokio::spawn(crate::observe::forward::receive(
+            tokio::spawn(crate::observe::access_log::receive(
                 shared.clone(),
                 started.forwarded,
             ));
@@ -101,10 +101,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         .map_err(|e| format!("audit.path: {e}"))?;
     shared.tenants.spawn_upkeep();
     tokio::spawn(writer.run());
-    tokio::spawn(crate::state::health::run_checks(shared.clone()));
-    tokio::spawn(crate::state::health::run_warmups(shared.clone()));
-    tokio::spawn(crate::state::scrape::run_scrapes(shared.clone()));
-    tokio::spawn(crate::state::sources::run_sources(shared.clone()));
+    tokio::spawn(crate::state::probe::health::run_checks(shared.clone()));
+    tokio::spawn(crate::state::probe::warmup::run_warmups(shared.clone()));
+    tokio::spawn(crate::state::probe::scrape::run_scrapes(shared.clone()));
+    tokio::spawn(crate::state::probe::sources::run_sources(shared.clone()));
     let reloader = Reloader::new(shared.clone(), opts.config.clone())
         .serving_grpc_on(opts.grpc)
         .watching(&cfg);

@@ -112,7 +112,7 @@ fn node(url: &str, name: &str) -> Node {
     let updates = writer.share_updates();
     tokio::spawn(writer.run());
     let started = peers::start(shared.clone(), &cfg.peers, name, updates).unwrap();
-    tokio::spawn(fleetroute::observe::forward::receive(
+    tokio::spawn(fleetroute::observe::access_log::receive(
         shared.clone(),
         started.forwarded,
     ));

@@ -86,5 +86,5 @@ fn usage_tag(entry: &HttpAccessLogEntry) -> Option<UsageTag> {
         .as_ref()?
         .filter_state_objects
         .get(contract::USAGE_FILTER_STATE)
-        .and_then(super::access_log::usage_tag)
+        .and_then(super::entry::usage_tag)
 }

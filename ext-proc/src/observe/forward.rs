@@ -3,10 +3,8 @@
 //! an instance that did not decide its request: that one does not hold the
 //! lease (its nonce means nothing there), and the deciding instance would
 //! otherwise carry the request's load until the lease's bound. The entry is
-//! trimmed to what `access_log::read_entry` reads and sent to its owner
+//! trimmed to what `entry::read_entry` reads and sent to its owner
 //! over the peer link (`peers`); the owner reads it as its own.
-
-use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::envoy::data::accesslog::v3::{
@@ -15,10 +13,6 @@ use envoy_types::pb::envoy::data::accesslog::v3::{
 use envoy_types::pb::google::protobuf::value::Kind;
 use fleetroute_filter::contract;
 use prost::Message;
-use tokio::sync::mpsc;
-
-use crate::metrics::Forwarded;
-use crate::state::Shared;
 
 /// The instance that decided the entry's request, when the tag names one.
 pub fn owner(entry: &HttpAccessLogEntry) -> Option<&str> {
@@ -84,20 +78,4 @@ pub fn trimmed(entry: &HttpAccessLogEntry) -> HttpAccessLogEntry {
 /// Encodes an entry for its owner.
 pub fn encode(entry: &HttpAccessLogEntry) -> Vec<u8> {
     trimmed(entry).encode_to_vec()
-}
-
-/// Reads the entries other instances forwarded to this one, as if Envoy
-/// had sent them here; ends when the link stops.
-pub async fn receive(shared: Arc<Shared>, mut rx: mpsc::Receiver<Vec<u8>>) {
-    while let Some(bytes) = rx.recv().await {
-        let m = &shared.metrics;
-        match HttpAccessLogEntry::decode(bytes.as_slice()) {
-            // An entry that names another owner is not this one's to end.
-            Ok(e) if owner(&e) == Some(shared.instance.as_str()) => {
-                m.peers.forwards.add(Forwarded::Received, 1);
-                super::access_log::observe_own(&shared, &e);
-            }
-            _ => m.peers.forwards.add(Forwarded::Bad, 1),
-        }
-    }
 }

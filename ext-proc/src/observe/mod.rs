@@ -3,6 +3,7 @@
 
 pub mod access_log;
 pub mod charge;
+pub mod entry;
 pub mod envoy_stats;
 pub mod forward;
 pub mod log_health;

@@ -25,8 +25,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::model::FleetModel;
-use crate::topology::{Policy, ReplicaId, Topology};
+use crate::topology::{Policy, Topology};
 
 /// The published desired count of one fleet, held against brief dips.
 #[derive(Clone, Copy, Debug, Default)]
@@ -125,49 +124,9 @@ pub fn allocate(fleets: &[Signal], priority: bool, stage_min: u32, stage_max: u3
     out
 }
 
-/// Desired replicas per fleet, from each stage that uses it (the largest).
-/// `ready[f]` is fleet `f`'s ready replicas at this tick.
-pub(super) fn tick(
-    topo: &Topology,
-    fleets: &mut [FleetModel],
-    ready: &[Vec<ReplicaId>],
-    now: Instant,
-) {
-    let signals: Vec<Signal> = topo
-        .fleets
-        .iter()
-        .enumerate()
-        .map(|(f, fleet)| {
-            let (mut inflight, mut waiting) = (0.0, 0.0);
-            for r in fleet.replicas.values() {
-                inflight += f64::from(r.load.inflight());
-                waiting += f64::from(
-                    r.load
-                        .engine_waiting()
-                        .max(r.load.prefilling().saturating_sub(1)),
-                );
-            }
-            // Without host bounds: its members now (leaving ones not counted).
-            let n = fleets[f]
-                .replicas
-                .values()
-                .filter(|m| m.leaving.is_none())
-                .count() as u32;
-            let bounds = fleet.hosts.map_or((n, n), |b| (b.min, b.max));
-            Signal {
-                ready: ready[f].len() as u32,
-                inflight,
-                max_inflight: f64::from(fleet.capacity.max_inflight),
-                waiting,
-                target_queue: fleet.scaling.target_queue,
-                tokens_per_sec: fleets[f].figures.tokens_per_sec,
-                target_tokens_per_sec: fleet.scaling.target_tokens_per_sec,
-                min: bounds.0,
-                max: bounds.1,
-                saturated: fleets[f].saturation.spilling,
-            }
-        })
-        .collect();
+/// Desired replicas per fleet before the step-down hold, from each stage
+/// that uses it (the largest). `last[f]` is what fleet `f` published last.
+pub(super) fn desired(topo: &Topology, signals: &[Signal], last: &[u32]) -> Vec<u32> {
     let mut desired: Vec<Option<u32>> = vec![None; topo.fleets.len()];
     // In a priority order a fleet does not shrink while a later one still
     // asks for more than its minimum (as published last tick): the burst
@@ -185,9 +144,7 @@ pub(super) fn tick(
         let (min, max) = stage.replicas.map_or((0, u32::MAX), |b| (b.min, b.max));
         if priority {
             for (i, &f) in order.iter().enumerate() {
-                keep[f] |= order[i + 1..]
-                    .iter()
-                    .any(|&g| fleets[g].desired > signals[g].min);
+                keep[f] |= order[i + 1..].iter().any(|&g| last[g] > signals[g].min);
             }
         }
         let sig: Vec<Signal> = order.iter().map(|&f| signals[f]).collect();
@@ -195,15 +152,19 @@ pub(super) fn tick(
             desired[f] = Some(desired[f].map_or(d, |x: u32| x.max(d)));
         }
     }
-    for (f, d) in desired.into_iter().enumerate() {
-        let mut computed =
-            d.unwrap_or_else(|| signals[f].min.max(signals[f].ready.min(signals[f].max)));
-        if keep[f] {
-            computed = computed.max(fleets[f].desired);
-        }
-        let hold = Duration::from_millis(topo.fleets[f].scaling.scale_down_after_ms);
-        fleets[f].desired = fleets[f].step_down.update(computed, hold, now);
-    }
+    desired
+        .into_iter()
+        .enumerate()
+        .map(|(f, d)| {
+            let computed =
+                d.unwrap_or_else(|| signals[f].min.max(signals[f].ready.min(signals[f].max)));
+            if keep[f] {
+                computed.max(last[f])
+            } else {
+                computed
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -52,15 +52,13 @@ pub mod outlier;
 pub mod peer;
 pub mod peer_load;
 pub mod prefix_index;
+pub mod probe;
 pub mod readiness;
 mod recorder;
 pub mod saturation;
-pub mod scrape;
 mod snapshot;
-pub mod sources;
 pub mod tenant_metrics;
 pub mod usage;
-pub mod warmup;
 mod writer;
 
 /// The per-replica load counters live with the topology they count for.

@@ -6,6 +6,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::autoscale::{self, Signal, StepDown};
 use super::figures::{FleetFigures, FleetWindow};
 use super::health::{Health, HealthMachine};
 use super::observation::Observation;
@@ -56,7 +57,7 @@ pub(super) struct FleetModel {
     pub(super) window: FleetWindow,
     pub(super) saturation: Saturation,
     pub(super) desired: u32,
-    pub(super) step_down: super::autoscale::StepDown,
+    pub(super) step_down: StepDown,
     pub(super) figures: FleetFigures,
     /// The same slots as the topology's replicas of this fleet.
     pub(super) replicas: Slots<ReplicaModel>,
@@ -261,5 +262,62 @@ impl FleetModel {
             m.warm = false;
             tracing::warn!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, seconds = d.as_secs(), "replica ejected: failing or far behind its fleet");
         }
+    }
+}
+
+impl FleetModel {
+    /// What autoscaling reads of the fleet now, with `ready` replicas.
+    fn signal(&self, fleet: &Fleet, ready: u32) -> Signal {
+        let (mut inflight, mut waiting) = (0.0, 0.0);
+        for r in fleet.replicas.values() {
+            inflight += f64::from(r.load.inflight());
+            waiting += f64::from(
+                r.load
+                    .engine_waiting()
+                    .max(r.load.prefilling().saturating_sub(1)),
+            );
+        }
+        // Without host bounds: its members now (leaving ones not counted).
+        let n = self
+            .replicas
+            .values()
+            .filter(|m| m.leaving.is_none())
+            .count() as u32;
+        let bounds = fleet.hosts.map_or((n, n), |b| (b.min, b.max));
+        Signal {
+            ready,
+            inflight,
+            max_inflight: f64::from(fleet.capacity.max_inflight),
+            waiting,
+            target_queue: fleet.scaling.target_queue,
+            tokens_per_sec: self.figures.tokens_per_sec,
+            target_tokens_per_sec: fleet.scaling.target_tokens_per_sec,
+            min: bounds.0,
+            max: bounds.1,
+            saturated: self.saturation.spilling,
+        }
+    }
+}
+
+/// Each fleet's desired replicas at this tick, held by its step-down.
+/// `ready[f]` is fleet `f`'s ready replicas.
+pub(super) fn autoscale(
+    topo: &Topology,
+    fleets: &mut [FleetModel],
+    ready: &[Vec<ReplicaId>],
+    now: Instant,
+) {
+    let signals: Vec<Signal> = topo
+        .fleets
+        .iter()
+        .zip(fleets.iter())
+        .zip(ready)
+        .map(|((fleet, m), r)| m.signal(fleet, r.len() as u32))
+        .collect();
+    let last: Vec<u32> = fleets.iter().map(|m| m.desired).collect();
+    let computed = autoscale::desired(topo, &signals, &last);
+    for ((m, fleet), d) in fleets.iter_mut().zip(topo.fleets.iter()).zip(computed) {
+        let hold = Duration::from_millis(fleet.scaling.scale_down_after_ms);
+        m.desired = m.step_down.update(d, hold, now);
     }
 }

@@ -22,7 +22,7 @@ use super::migrate;
 use super::model::FleetModel;
 use super::observation::Observation;
 use super::peer::{OUTBOX, PeerChange, PeerUpdate};
-use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, autoscale, recorder, snapshot};
+use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, model, recorder, snapshot};
 use crate::config::{RouterConfig, Source, ValidConfig};
 use crate::metrics::PrefixUpdate;
 use crate::tenancy::accountant::Accountant;
@@ -385,7 +385,7 @@ impl Writer {
         }
         self.failed_keys.expire(now);
         self.accounting.fold(now);
-        autoscale::tick(&self.topo, &mut self.fleets, &ready, now);
+        model::autoscale(&self.topo, &mut self.fleets, &ready, now);
         // Figures move every tick: publish every tick.
         self.dirty = true;
         self.publish_if_dirty(now);

@@ -25,7 +25,7 @@ use super::config::TenantsConfig;
 
 pub use super::limits::{Estimate, Limit, Refusal, Usage};
 pub use super::reservation::Reservation;
-use super::reservation::{EXPIRED, Held, LIVE, LeaseBound};
+use super::reservation::{Books, EXPIRED, Held, LIVE, LeaseBound};
 pub use super::tenant::TenantState;
 
 /// The bucket every tenant beyond `MAX_TENANTS` shares (with `default` limits).
@@ -44,10 +44,8 @@ pub(super) struct Inner {
     pub(super) cfg: ArcSwap<TenantsConfig>,
     pub(super) tenants: papaya::HashMap<Arc<str>, Arc<TenantState>>,
     pub(super) other: Arc<TenantState>,
-    pub(super) leases: Cache<u64, Arc<Held>>,
+    pub(super) books: Arc<Books>,
     pub(super) next_id: AtomicU64,
-    pub(super) clock: Clock,
-    pub(super) shared: Option<Arc<SharedState>>,
     pub(super) max_tenants: usize,
 }
 
@@ -90,17 +88,19 @@ impl Ledger {
                 cfg: ArcSwap::from_pointee(cfg),
                 tenants,
                 other,
-                leases,
+                books: Arc::new(Books {
+                    leases,
+                    clock,
+                    shared,
+                }),
                 next_id: AtomicU64::new(0),
-                clock,
-                shared,
                 max_tenants,
             }),
         }
     }
 
     pub fn clock(&self) -> &Clock {
-        &self.inner.clock
+        &self.inner.books.clock
     }
 
     /// The config the limits come from now.
@@ -117,7 +117,7 @@ impl Ledger {
             return;
         }
         i.cfg.store(Arc::new(cfg.clone()));
-        let on = i.shared.is_some();
+        let on = i.books.shared.is_some();
         let pin = i.tenants.pin();
         for (id, l) in &cfg.named {
             if pin.get(id.as_str()).is_none() {
@@ -147,7 +147,7 @@ impl Ledger {
         }
         let cfg = i.cfg.load();
         let l = cfg.limits_for(id);
-        let fresh = Arc::new(TenantState::new(id, l, i.shared.is_some()));
+        let fresh = Arc::new(TenantState::new(id, l, i.books.shared.is_some()));
         pin.get_or_insert(id.into(), fresh).clone()
     }
 
@@ -176,7 +176,7 @@ impl Ledger {
     pub fn admit(&self, tenant: &str, est: &Estimate) -> Result<Reservation, Refusal> {
         let t = self.tenant(tenant);
         let inner = &self.inner;
-        let now = inner.clock.now_ms();
+        let now = inner.books.clock.now_ms();
         let tokens = est.tokens();
         let cost = est.micro_usd();
         let l = t.limits();
@@ -211,16 +211,18 @@ impl Ledger {
         let window_epoch = t.minute.add(now, tokens);
         let mut allowance_minute = None;
         if let Some(limit) = l.tokens_per_minute {
-            match (&t.allowance, inner.shared.as_deref()) {
-                (Some(a), Some(shared)) => match a.take(shared, &inner.clock, limit, tokens) {
-                    Ok(minute) => allowance_minute = Some(minute),
-                    Err(retry) => {
-                        t.minute.sub(window_epoch, tokens);
-                        undo_flight();
-                        let refill = !shared.degraded() && tokens <= limit;
-                        return refuse(Limit::TokensPerMinute, retry, refill);
+            match (&t.allowance, inner.books.shared.as_deref()) {
+                (Some(a), Some(shared)) => {
+                    match a.take(shared, &inner.books.clock, limit, tokens) {
+                        Ok(minute) => allowance_minute = Some(minute),
+                        Err(retry) => {
+                            t.minute.sub(window_epoch, tokens);
+                            undo_flight();
+                            let refill = !shared.degraded() && tokens <= limit;
+                            return refuse(Limit::TokensPerMinute, retry, refill);
+                        }
                     }
-                },
+                }
                 _ => {
                     if t.minute.used(now) > limit {
                         t.minute.sub(window_epoch, tokens);
@@ -243,12 +245,14 @@ impl Ledger {
 
         let r = t.reserved_micro_usd.fetch_add(cost, Relaxed) + cost;
         if let Some(b) = &l.budget
-            && t.spent_micro_usd(&inner.clock, b.per).saturating_add(r) > (b.usd * 1e6) as u64
+            && t.spent_micro_usd(&inner.books.clock, b.per)
+                .saturating_add(r)
+                > (b.usd * 1e6) as u64
         {
             t.reserved_micro_usd.fetch_sub(cost, Relaxed);
             unreserve_minute();
             undo_flight();
-            let wait = inner.clock.until_next_period(b.per);
+            let wait = inner.books.clock.until_next_period(b.per);
             return refuse(Limit::Budget, wait, false);
         }
 
@@ -262,15 +266,15 @@ impl Ledger {
             allowance_minute,
             ttl: est.ttl.unwrap_or(Duration::MAX),
             state: AtomicU8::new(LIVE),
-            clock: inner.clock.clone(),
+            clock: inner.books.clock.clone(),
         });
         if est.ttl.is_some() {
-            inner.leases.insert(id, held.clone());
+            inner.books.leases.insert(id, held.clone());
         }
         Ok(Reservation {
             id,
             held,
-            ledger: self.inner.clone(),
+            books: self.inner.books.clone(),
             leased: est.ttl.is_some(),
         })
     }
@@ -283,13 +287,13 @@ impl Ledger {
     /// Runs lease expiry now (a periodic task calls it; expiry otherwise
     /// happens lazily on later inserts).
     pub fn sweep(&self) {
-        self.inner.leases.run_pending_tasks();
+        self.inner.books.leases.run_pending_tasks();
     }
 
     /// Reservations held in the ledger's own lease cache now.
     pub fn held(&self) -> u64 {
         self.sweep();
-        self.inner.leases.entry_count()
+        self.inner.books.leases.entry_count()
     }
 
     /// Ends `r` as a lost end would (lease expiry), keeping the value so a

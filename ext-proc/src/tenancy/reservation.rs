@@ -9,10 +9,10 @@ use moka::Expiry;
 
 use super::allowance::SharedState;
 use super::clock::Clock;
-use super::ledger::Inner;
 use super::limits::Usage;
 use super::limits::micro;
 use super::tenant::TenantState;
+use moka::sync::Cache;
 
 pub(super) const LIVE: u8 = 0;
 pub(super) const COMMITTED: u8 = 1;
@@ -48,11 +48,19 @@ impl Expiry<u64, Arc<Held>> for LeaseBound {
 /// An admitted request's hold on its tenant's limits. Consume it with
 /// `commit`; `expire` ends it as a lost end would; dropping a live one
 /// releases the hold without a charge.
+/// What a reservation needs of its ledger after it is handed out: the
+/// leases (to end its own), the clock and the shared counters it charges.
+pub(super) struct Books {
+    pub(super) leases: Cache<u64, Arc<Held>>,
+    pub(super) clock: Clock,
+    pub(super) shared: Option<Arc<SharedState>>,
+}
+
 #[must_use = "dropping a reservation releases it at once"]
 pub struct Reservation {
     pub(super) id: u64,
     pub(super) held: Arc<Held>,
-    pub(super) ledger: Arc<Inner>,
+    pub(super) books: Arc<Books>,
     /// In the ledger's own lease cache (an `Estimate` with a `ttl`).
     pub(super) leased: bool,
 }
@@ -92,7 +100,7 @@ impl Reservation {
     pub fn commit(self, usage: Usage, cost_usd: f64) {
         let h = &self.held;
         let t = &h.tenant;
-        let inner = &self.ledger;
+        let inner = &*self.books;
         let used = usage.tokens();
         let spent = micro(cost_usd);
         if h.end(COMMITTED) {
@@ -146,7 +154,7 @@ impl Drop for Reservation {
             self.held.tenant.dropped.fetch_add(1, Relaxed);
         }
         if self.leased {
-            self.ledger.leases.invalidate(&self.id);
+            self.books.leases.invalidate(&self.id);
         }
     }
 }

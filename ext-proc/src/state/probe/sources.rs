@@ -16,11 +16,11 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use super::{Event, Shared};
 use crate::config::{RouterConfig, Source};
 use crate::membership::dns::DnsWatch;
 use crate::membership::kubernetes::{self, KubeWatch};
 use crate::membership::{self, MembershipRx, SourceCounters};
+use crate::state::{Event, Shared};
 
 const FIRST_RETRY: Duration = Duration::from_millis(500);
 const LAST_RETRY: Duration = Duration::from_secs(30);

@@ -2,10 +2,16 @@
 //! prompts with status 200 and, where given, the expected output, so a request
 //! gets the same model wherever it lands.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::join_all;
+
+use super::{http_client, with_key};
 use crate::config::WarmupConfig;
-use crate::topology::Fleet;
+use crate::state::health::Health;
+use crate::state::{Event, Shared};
+use crate::topology::{Fleet, FleetId};
 
 /// The replica a warmup runs against.
 pub struct Target<'a> {
@@ -34,7 +40,7 @@ pub async fn check(
             .header("content-type", "application/json")
             .body(body.to_string())
             .timeout(Duration::from_millis(cfg.timeout_ms));
-        let resp = super::health::with_key(req, to.fleet)
+        let resp = with_key(req, to.fleet)
             .send()
             .await
             .map_err(|e| format!("golden prompt {i}: {e}"))?;
@@ -82,7 +88,7 @@ pub async fn probe(
         .header("content-type", "application/json")
         .body(body.to_string())
         .timeout(timeout);
-    let mut resp = super::health::with_key(req, to.fleet)
+    let mut resp = with_key(req, to.fleet)
         .send()
         .await
         .map_err(|e| format!("probe: {e}"))?;
@@ -113,6 +119,82 @@ fn answer_text(body: &str) -> String {
         .or_else(|| choice["text"].as_str())
         .unwrap_or_default()
         .to_string()
+}
+
+/// Runs the golden prompts of every stage a fleet serves against its healthy
+/// replicas that have not passed warmup yet. A task of its own, so a slow or
+/// hanging replica under warmup never delays anyone's health checks.
+pub async fn run_warmups(shared: Arc<Shared>) {
+    let client = http_client();
+    loop {
+        let snap = shared.snapshot_full();
+        let mut warmups = Vec::new();
+        for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+            let f = FleetId(f);
+            for (r, replica) in fleet.replicas.iter() {
+                let st = snap.replicas[f][r];
+                if st.health != Health::Healthy || st.warm || st.leaving {
+                    continue;
+                }
+                // Each stage's prompts under the name this fleet serves its
+                // model by; without any, a short probe (a replica back from
+                // an ejection must serve before it rejoins).
+                let stages: Vec<_> = snap
+                    .topo
+                    .stages_of(f)
+                    .filter_map(|s| Some((s.warmup.clone()?, s.served_as(f).map(str::to_string))))
+                    .collect();
+                let probe = snap
+                    .topo
+                    .stages_of(f)
+                    .next()
+                    .map(|s| (s.model.clone(), s.served_as(f).map(str::to_string)));
+                let client = &client;
+                let addr = replica.addr.clone();
+                let name = fleet.name.clone();
+                warmups.push(async move {
+                    let mut result = Ok(());
+                    for (w, served) in &stages {
+                        let to = Target {
+                            addr: &addr,
+                            served: served.as_deref(),
+                            fleet,
+                        };
+                        result = check(client, &to, w).await;
+                        if result.is_err() {
+                            break;
+                        }
+                    }
+                    if let (true, Some((model, served))) = (stages.is_empty(), &probe) {
+                        let to = Target {
+                            addr: &addr,
+                            served: served.as_deref(),
+                            fleet,
+                        };
+                        let bound = Duration::from_millis(crate::config::WarmupConfig::DEFAULT_TIMEOUT_MS);
+                        result = self::probe(client, &to, model, bound).await;
+                    }
+                    if let Err(e) = &result {
+                        tracing::warn!(fleet = %name, replica = %addr, "warmup failed, replica stays out: {e}");
+                    }
+                    (f, r, result.is_ok())
+                });
+            }
+        }
+        for (fleet, replica, ok) in join_all(warmups).await {
+            let generation = snap.topo.generation;
+            let _ = shared
+                .events()
+                .send(Event::Warmup {
+                    generation,
+                    fleet,
+                    replica,
+                    ok,
+                })
+                .await;
+        }
+        tokio::time::sleep(Duration::from_millis(snap.topo.health_check.interval_ms)).await;
+    }
 }
 
 #[cfg(test)]

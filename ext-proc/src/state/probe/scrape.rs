@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 
-use super::Shared;
+use crate::state::Shared;
 
 /// Added to a lease's age before the engine's count can end it.
 const RECONCILE_SLACK: Duration = Duration::from_secs(2);
@@ -68,7 +68,7 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
             .flat_map(|f| f.replicas.values().map(move |r| (f, r)))
             .map(|(f, r)| {
                 let url = format!("http://{}{}", r.addr, cfg.path);
-                let req = super::health::with_key(client.get(&url).timeout(timeout), f);
+                let req = super::with_key(client.get(&url).timeout(timeout), f);
                 let load = r.load.clone();
                 let shared = &shared;
                 async move {
