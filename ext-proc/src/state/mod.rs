@@ -38,14 +38,14 @@
 
 pub mod accounting;
 pub mod autoscale;
-mod changes;
+
 pub mod decision_log;
 pub mod failed_keys;
 pub mod figures;
 pub mod health;
 pub mod lease;
 mod members;
-mod migrate;
+
 mod model;
 pub mod observation;
 pub mod outlier;
@@ -54,7 +54,7 @@ pub mod peer_load;
 pub mod prefix_index;
 pub mod probe;
 pub mod readiness;
-mod recorder;
+
 pub mod saturation;
 mod snapshot;
 pub mod tenant_metrics;
@@ -74,7 +74,6 @@ use tokio::sync::{mpsc, oneshot, watch};
 use crate::tenancy::accountant::Accountant;
 use crate::tenancy::charge::Charge;
 use crate::topology::load::RequestGuard;
-pub use changes::{Change, ChangeError};
 use decision_log::DecisionLog;
 pub use decision_log::DecisionRecord;
 use figures::FleetFigures;
@@ -82,6 +81,7 @@ use health::Health;
 use lease::{LeaseInput, Leases};
 use prefix_index::PrefixIndex;
 pub use writer::Writer;
+pub use writer::{Change, ChangeError};
 
 use crate::config::{RouterConfig, Source};
 use crate::membership::Member;

@@ -4,14 +4,14 @@
 
 use std::time::Instant;
 
-use super::Routed;
-use super::accounting::Accounting;
-use super::model::FleetModel;
-use super::observation::Observation;
 use crate::metrics::{
     Class, FleetLabel, HitRate, HitSource, Metrics, Outcome, Rejected, Replica, ReplicaState,
     ReplicaStates, StageFleet, StageFleetArm, TokenKind, Tokens, Values,
 };
+use crate::state::Routed;
+use crate::state::accounting::Accounting;
+use crate::state::model::FleetModel;
+use crate::state::observation::Observation;
 use crate::topology::{ById, Topology};
 
 /// A decision: its request, shadow and predicted-cache counters.

@@ -6,38 +6,44 @@
 //! membership in `members`, snapshots in `snapshot`. Every topology change
 //! goes through [`Writer::set_topology`].
 
-use std::collections::HashSet;
+mod changes;
+
+pub use changes::{Change, ChangeError};
+mod membership;
+mod peers;
+mod recorder;
+mod reload;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use tokio::sync::mpsc;
 
-use super::accounting::Accounting;
-use super::decision_log::DecisionRecord;
-use super::failed_keys::FailedKeysWriter;
-use super::lease::Leases;
-use super::members::{self, FleetChange};
-use super::migrate;
-use super::model::FleetModel;
-use super::observation::Observation;
-use super::peer::{OUTBOX, PeerChange, PeerUpdate};
-use super::{EVENT_QUEUE, Event, Routed, Shared, TICK, model, recorder, snapshot};
 use crate::config::{RouterConfig, Source, ValidConfig};
 use crate::metrics::PrefixUpdate;
+use crate::state::accounting::Accounting;
+use crate::state::decision_log::DecisionRecord;
+use crate::state::failed_keys::FailedKeysWriter;
+use crate::state::lease::Leases;
+use crate::state::members::{self, FleetChange};
+use crate::state::model::FleetModel;
+use crate::state::observation::Observation;
+use crate::state::peer::{PeerChange, PeerUpdate};
+use crate::state::{EVENT_QUEUE, Event, Routed, Shared, TICK, model, snapshot};
 use crate::tenancy::accountant::Accountant;
 use crate::topology::{ById, FleetId, ReplicaId, Slots, Topology};
 
 /// Owns all the writer's models; the only publisher of snapshots.
 pub struct Writer {
-    pub(super) shared: Arc<Shared>,
+    shared: Arc<Shared>,
     rx: mpsc::Receiver<Event>,
-    pub(super) config: Arc<RouterConfig>,
-    pub(super) topo: Arc<Topology>,
-    pub(super) fleets: Vec<FleetModel>,
-    pub(super) accounting: Accounting,
+    config: Arc<RouterConfig>,
+    topo: Arc<Topology>,
+    fleets: Vec<FleetModel>,
+    accounting: Accounting,
     failed_keys: FailedKeysWriter,
-    pub(super) dirty: bool,
+    dirty: bool,
     /// Where this instance's prefix changes go for other instances (none
     /// when it runs alone).
     outbox: Option<mpsc::Sender<PeerUpdate>>,
@@ -133,37 +139,6 @@ impl Writer {
         };
         shared.metrics.prime(&writer.topo);
         (shared, writer)
-    }
-
-    /// From now on, every prefix change this instance makes (a routed
-    /// request's blocks, a cache seen lost) is also sent to the returned
-    /// receiver, for other instances. Bounded: when the receiver falls
-    /// behind, changes are dropped and counted, never waited for.
-    pub fn share_updates(&mut self) -> mpsc::Receiver<PeerUpdate> {
-        let (tx, rx) = mpsc::channel(OUTBOX);
-        self.outbox = Some(tx);
-        rx
-    }
-
-    fn publish(&self, fleet: FleetId, replica: ReplicaId, change: PeerChange) {
-        let Some(tx) = &self.outbox else { return };
-        let Some(f) = self.topo.fleets.by_id(fleet) else {
-            return;
-        };
-        let Some(r) = f.replicas.get(replica) else {
-            return;
-        };
-        let update = PeerUpdate {
-            fleet: f.name.clone(),
-            replica: r.addr.clone(),
-            change,
-        };
-        let result = if tx.try_send(update).is_ok() {
-            PrefixUpdate::Queued
-        } else {
-            PrefixUpdate::Dropped
-        };
-        self.shared.metrics.peers.updates.inc(result);
     }
 
     /// Another instance's prefix change, found by names in this topology.
@@ -427,42 +402,6 @@ impl Writer {
             }
         }
     }
-
-    /// Every change of the topology goes through here (a reload or an admin
-    /// change, `config`; a member joining, leaving or removed): the one place
-    /// that swaps it. The snapshot published next holds it and wakes
-    /// `Shared::watch_replicas`. The writer's models must already match it.
-    pub(super) fn set_topology(&mut self, topo: Topology, config: bool) {
-        let m = &self.shared.metrics;
-        if config && migrate::series_names(&topo) != migrate::series_names(&self.topo) {
-            // Series of stages or fleets that left go with them; a change of
-            // weights or bounds keeps every series (and counter).
-            m.clear_config_series();
-        } else {
-            // Per-replica series of the replicas that left.
-            let now: HashSet<(&str, &str)> = topo
-                .fleets
-                .iter()
-                .flat_map(|f| {
-                    f.replicas
-                        .values()
-                        .map(|r| (f.name.as_str(), r.addr.as_str()))
-                })
-                .collect();
-            for f in &self.topo.fleets {
-                for r in f.replicas.values() {
-                    if !now.contains(&(f.name.as_str(), r.addr.as_str())) {
-                        recorder::replica_gone(m, &f.name, &r.addr);
-                    }
-                }
-            }
-        }
-        if config {
-            m.prime(&topo);
-        }
-        self.topo = Arc::new(topo);
-        self.dirty = true;
-    }
 }
 
 /// Whether every stage of fleet `f` has another fleet with a ready replica,
@@ -478,34 +417,4 @@ fn failover(topo: &Topology, ready: &[Vec<ReplicaId>], f: FleetId) -> bool {
 }
 
 #[cfg(test)]
-impl Writer {
-    /// Test setup: `replicas` of `fleet` pass their health checks (twice,
-    /// the default threshold) in the current topology, then the writer
-    /// publishes.
-    pub fn healthy(
-        &mut self,
-        fleet: FleetId,
-        replicas: impl IntoIterator<Item = ReplicaId>,
-        now: Instant,
-    ) {
-        let generation = self.topo.generation;
-        for replica in replicas {
-            for _ in 0..2 {
-                self.apply(
-                    Event::Health {
-                        generation,
-                        fleet,
-                        replica,
-                        ok: true,
-                    },
-                    now,
-                );
-            }
-        }
-        self.drain(now);
-    }
-}
-
-#[cfg(test)]
-#[path = "writer_tests.rs"]
 mod tests;

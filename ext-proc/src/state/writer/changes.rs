@@ -7,7 +7,7 @@
 
 use std::time::Instant;
 
-use super::writer::Writer;
+use super::Writer;
 use crate::config::{
     Bounds, ExperimentConfig, RouterConfig, RoutingConfig, TenantPatch, ValidConfig,
 };

@@ -11,11 +11,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::members::{self, FleetChange};
-use super::model::FleetModel;
-use super::prefix_index::IndexWriter;
-use super::writer::Writer;
+use super::Writer;
 use crate::config::{RouterConfig, Source, ValidConfig};
+use crate::state::members::{self, FleetChange};
+use crate::state::model::FleetModel;
+use crate::state::prefix_index::IndexWriter;
 use crate::topology::{Replica, Slots, Topology};
 
 impl Writer {
@@ -125,4 +125,42 @@ pub(super) fn series_names(t: &Topology) -> Vec<String> {
         .collect();
     names.extend(t.fleets.iter().map(|f| format!("f:{}", f.name)));
     names
+}
+
+impl Writer {
+    /// Every change of the topology goes through here (a reload or an admin
+    /// change, `config`; a member joining, leaving or removed): the one place
+    /// that swaps it. The snapshot published next holds it and wakes
+    /// `Shared::watch_replicas`. The writer's models must already match it.
+    pub(super) fn set_topology(&mut self, topo: Topology, config: bool) {
+        let m = &self.shared.metrics;
+        if config && series_names(&topo) != series_names(&self.topo) {
+            // Series of stages or fleets that left go with them; a change of
+            // weights or bounds keeps every series (and counter).
+            m.clear_config_series();
+        } else {
+            // Per-replica series of the replicas that left.
+            let now: HashSet<(&str, &str)> = topo
+                .fleets
+                .iter()
+                .flat_map(|f| {
+                    f.replicas
+                        .values()
+                        .map(|r| (f.name.as_str(), r.addr.as_str()))
+                })
+                .collect();
+            for f in &self.topo.fleets {
+                for r in f.replicas.values() {
+                    if !now.contains(&(f.name.as_str(), r.addr.as_str())) {
+                        super::recorder::replica_gone(m, &f.name, &r.addr);
+                    }
+                }
+            }
+        }
+        if config {
+            m.prime(&topo);
+        }
+        self.topo = Arc::new(topo);
+        self.dirty = true;
+    }
 }

@@ -97,3 +97,31 @@ fn the_replica_view_moves_with_members_and_state_flips_only() {
     assert!(view.has_changed().unwrap(), "a new member");
     assert_eq!(shared.snapshot().topo.fleets[0].replicas.len(), 2);
 }
+
+impl Writer {
+    /// Test setup: `replicas` of `fleet` pass their health checks (twice,
+    /// the default threshold) in the current topology, then the writer
+    /// publishes.
+    pub fn healthy(
+        &mut self,
+        fleet: FleetId,
+        replicas: impl IntoIterator<Item = ReplicaId>,
+        now: Instant,
+    ) {
+        let generation = self.topo.generation;
+        for replica in replicas {
+            for _ in 0..2 {
+                self.apply(
+                    Event::Health {
+                        generation,
+                        fleet,
+                        replica,
+                        ok: true,
+                    },
+                    now,
+                );
+            }
+        }
+        self.drain(now);
+    }
+}
