@@ -4,7 +4,6 @@
 
 mod admission;
 mod envoy;
-mod experiment;
 mod fleet;
 #[cfg(test)]
 mod per_fleet_tests;

@@ -3,7 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Errors, experiment, fleet::bounds};
+mod experiment;
+
+use super::{Errors, fleet::bounds};
 use crate::config::{
     AlarmsConfig, OutlierConfig, ReplicaChoiceConfig, RouterConfig, RoutingConfig, StageConfig,
     WarmupConfig,

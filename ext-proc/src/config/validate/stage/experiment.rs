@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 
-use super::Errors;
-use super::stage::Scope;
+use super::super::Errors;
+use super::Scope;
 use crate::config::{AbTest, Shadow};
 
 pub(super) fn experiment(sc: &Scope<'_>, e: &mut Errors) {
