@@ -4,8 +4,6 @@
 pub mod admin;
 pub mod admission;
 pub mod bootstrap;
-pub mod bootstrap_identity;
-pub mod bootstrap_token;
 pub mod cli;
 pub mod config;
 pub mod decision_trace;

@@ -36,8 +36,6 @@ const FLOORS: &[(&str, u32)] = &[
     ("admin", 7),
     ("cli", 7),
     ("bootstrap", 7),
-    ("bootstrap_token", 7),
-    ("bootstrap_identity", 7),
     ("reference", 7),
     ("reload", 7),
 ];

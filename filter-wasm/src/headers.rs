@@ -59,7 +59,7 @@ pub fn on_request_headers(
             Ok(r) => host.set_header(contract::RESIDENCY, Some(&r)),
             Err(why) => {
                 host.count(Counter::BadResidency);
-                return reply(host, &LocalReply::error(400, "invalid_residency", &why));
+                return reply(host, &LocalReply::error(400, "invalid_residency", &why.0));
             }
         }
     }

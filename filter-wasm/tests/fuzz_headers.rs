@@ -45,7 +45,7 @@ proptest! {
                 prop_assert!(r.len() <= value.len());
                 prop_assert_eq!(model::residency(&r), Ok(r.clone()));
             }
-            Err(msg) => {
+            Err(model::BadResidency(msg)) => {
                 prop_assert!(!valid, "{:?} refused: {}", value, msg);
                 // The reason quotes at most one region of at most the input.
                 prop_assert!(msg.len() <= value.len() + 100);

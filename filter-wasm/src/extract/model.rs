@@ -10,21 +10,24 @@ pub fn model(name: &str) -> Option<String> {
     ok.then(|| name.to_string())
 }
 
+/// Why a residency value was refused, in words for the client's 400.
+#[derive(Debug, PartialEq, Eq)]
+pub struct BadResidency(pub String);
+
 /// A client's residency value: comma-separated region names of `[a-z0-9_-]`.
-/// `Err` carries the reason, for the client's 400.
-pub fn residency(value: &str) -> Result<String, String> {
+pub fn residency(value: &str) -> Result<String, BadResidency> {
     let regions: Vec<&str> = crate::contract::split_regions(value).collect();
     if regions.is_empty() {
-        return Err("residency header is empty".into());
+        return Err(BadResidency("residency header is empty".into()));
     }
     for r in &regions {
         let ok = r.len() <= 64
             && r.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !ok {
-            return Err(format!(
+            return Err(BadResidency(format!(
                 "residency region '{r}' is not a region name ([a-z0-9_-], at most 64)"
-            ));
+            )));
         }
     }
     Ok(regions.join(","))

@@ -2,7 +2,7 @@
 
 use super::*;
 
-const ROUTER: &str = include_str!("../../envoy-config/router.yaml");
+const ROUTER: &str = include_str!("../../../envoy-config/router.yaml");
 
 fn opts() -> BootstrapOptions {
     BootstrapOptions {
@@ -53,7 +53,8 @@ fn the_template_strips_every_internal_header() {
 /// The container demo's Envoy config is the rendering of its router config.
 #[test]
 fn docker_files_agree() {
-    let cfg = RouterConfig::parse(include_str!("../../envoy-config/docker/router.yaml")).unwrap();
+    let cfg =
+        RouterConfig::parse(include_str!("../../../envoy-config/docker/router.yaml")).unwrap();
     let opts = BootstrapOptions {
         listen: "0.0.0.0:10000".parse().unwrap(),
         envoy_admin: "0.0.0.0:9901".parse().unwrap(),
@@ -62,7 +63,7 @@ fn docker_files_agree() {
     };
     let rendered: Value = yaml_serde::from_str(&render(TEMPLATE, &cfg, &opts).unwrap()).unwrap();
     let shipped: Value =
-        yaml_serde::from_str(include_str!("../../envoy-config/docker/envoy.yaml")).unwrap();
+        yaml_serde::from_str(include_str!("../../../envoy-config/docker/envoy.yaml")).unwrap();
     assert!(
         rendered == shipped,
         "envoy-config/docker/envoy.yaml is stale: regenerate it with the command in its first line"
@@ -310,7 +311,7 @@ fn the_grpc_token_reaches_every_call_to_fleetroute() {
         ..opts()
     };
     let e = render(TEMPLATE, &RouterConfig::parse(ROUTER).unwrap(), &far).unwrap_err();
-    assert!(e.contains("grpc.token_file"), "{e}");
+    assert!(e.to_string().contains("grpc.token_file"), "{e}");
     assert!(render(TEMPLATE, &cfg, &far).is_ok());
 }
 

@@ -4,6 +4,7 @@
 //! health checks of the fleetroute cluster. The rendered file then holds the
 //! token: protect it as the token file itself.
 
+use super::RenderError;
 use yaml_serde::{Mapping, Value};
 
 use crate::config::ApiKey;
@@ -11,7 +12,7 @@ use crate::config::ApiKey;
 /// The cluster the bootstrap's gRPC services call.
 const CLUSTER: &str = "fleetroute";
 
-fn header(token: &ApiKey) -> Result<Mapping, String> {
+fn header(token: &ApiKey) -> Result<Mapping, RenderError> {
     let value = std::str::from_utf8(token.authorization())
         .map_err(|_| "the gRPC token is not text".to_string())?;
     let mut h = Mapping::new();
@@ -22,7 +23,7 @@ fn header(token: &ApiKey) -> Result<Mapping, String> {
 
 /// Adds the token to every gRPC service and health check that reaches
 /// fleetroute; fails when the template has none to add it to.
-pub fn write(doc: &mut Value, token: &ApiKey) -> Result<(), String> {
+pub fn write(doc: &mut Value, token: &ApiKey) -> Result<(), RenderError> {
     let h = header(token)?;
     let services = services(doc, &h);
     if services == 0 {

@@ -3,6 +3,7 @@
 //! `jwt_authn` filter that verifies tokens before anything reads the body,
 //! with its verified payload forwarded to fleetroute's routing call.
 
+use super::RenderError;
 use serde_json::{Map, Value as Json};
 use yaml_serde::Value;
 
@@ -14,7 +15,7 @@ const PROVIDER: &str = "fleetroute";
 
 /// The Wasm filter's configuration (its JSON) for this identity source:
 /// `tenant_header` only for a trusted header, `api_key_hash` only for keys.
-pub fn filter_configuration(json: &str, cfg: &RouterConfig) -> Result<String, String> {
+pub fn filter_configuration(json: &str, cfg: &RouterConfig) -> Result<String, RenderError> {
     let mut c: Map<String, Json> = serde_json::from_str(json)
         .map_err(|e| format!("template: the Wasm filter's configuration: {e}"))?;
     let id = &cfg.tenants.identity;
@@ -38,7 +39,7 @@ pub fn filter_configuration(json: &str, cfg: &RouterConfig) -> Result<String, St
 /// With `jwt`: the `jwt_authn` filter first in `filters` (it answers 401
 /// for a token that is missing, forged, expired or for another audience),
 /// and the routing ext_proc told to forward what it verified.
-pub fn jwt(filters: &mut Vec<Value>, cfg: &RouterConfig) -> Result<(), String> {
+pub fn jwt(filters: &mut Vec<Value>, cfg: &RouterConfig) -> Result<(), RenderError> {
     let Some(j) = cfg
         .tenants
         .identity
@@ -93,7 +94,7 @@ mod tests {
     use super::*;
     use crate::bootstrap::{BootstrapOptions, TEMPLATE, render};
 
-    const ROUTER: &str = include_str!("../../envoy-config/router.yaml");
+    const ROUTER: &str = include_str!("../../../envoy-config/router.yaml");
 
     fn rendered(identity: &str) -> Value {
         let plain = ROUTER

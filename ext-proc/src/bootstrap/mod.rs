@@ -9,6 +9,9 @@
 //! into the file instead (STATIC clusters, no ADS), for a control plane that
 //! owns EDS itself.
 
+mod identity;
+mod token;
+
 use std::net::SocketAddr;
 
 use yaml_serde::{Mapping, Value};
@@ -17,7 +20,7 @@ use crate::config::RouterConfig;
 use crate::{envoy_bounds, fail_open};
 
 /// The commented template, shipped inside the binary.
-pub const TEMPLATE: &str = include_str!("../../envoy-config/envoy.yaml");
+pub const TEMPLATE: &str = include_str!("../../../envoy-config/envoy.yaml");
 
 #[derive(Clone, Debug)]
 pub struct BootstrapOptions {
@@ -35,11 +38,29 @@ pub struct BootstrapOptions {
     pub static_endpoints: bool,
 }
 
+/// Why a bootstrap could not be rendered: the template or the config does
+/// not allow it; the message names what.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RenderError(String);
+
+impl From<String> for RenderError {
+    fn from(s: String) -> Self {
+        RenderError(s)
+    }
+}
+
+impl From<&str> for RenderError {
+    fn from(s: &str) -> Self {
+        RenderError(s.to_string())
+    }
+}
+
 fn key(k: &str) -> Value {
     Value::String(k.to_string())
 }
 
-fn get_mut<'a>(v: &'a mut Value, path: &[&str]) -> Result<&'a mut Value, String> {
+fn get_mut<'a>(v: &'a mut Value, path: &[&str]) -> Result<&'a mut Value, RenderError> {
     let mut cur = v;
     for p in path {
         cur = cur
@@ -58,7 +79,7 @@ fn socket_address(addr: SocketAddr) -> Value {
 
 /// Turns a template EDS cluster into a STATIC one listing `endpoints`
 /// (`load_assignment.endpoints`).
-fn to_static(c: &mut Value, name: &str, endpoints: Value) -> Result<(), String> {
+fn to_static(c: &mut Value, name: &str, endpoints: Value) -> Result<(), RenderError> {
     let m = c
         .as_mapping_mut()
         .ok_or("template: a cluster is not a mapping")?;
@@ -73,7 +94,7 @@ fn to_static(c: &mut Value, name: &str, endpoints: Value) -> Result<(), String> 
     Ok(())
 }
 
-fn endpoint(addr: &str) -> Result<Value, String> {
+fn endpoint(addr: &str) -> Result<Value, RenderError> {
     let addr: SocketAddr = addr
         .parse()
         .map_err(|_| format!("'{addr}' is not ip:port"))?;
@@ -89,7 +110,7 @@ pub fn render(
     template: &str,
     cfg: &RouterConfig,
     opts: &BootstrapOptions,
-) -> Result<String, String> {
+) -> Result<String, RenderError> {
     let mut doc: Value = yaml_serde::from_str(template).map_err(|e| format!("template: {e}"))?;
     *get_mut(&mut doc, &["admin", "address", "socket_address"])? = socket_address(opts.envoy_admin);
     if opts.static_endpoints {
@@ -139,7 +160,7 @@ pub fn render(
                 let json = value
                     .as_str()
                     .ok_or("template: the Wasm configuration is not text")?;
-                *value = key(&crate::bootstrap_identity::filter_configuration(json, cfg)?);
+                *value = key(&identity::filter_configuration(json, cfg)?);
             }
         } else if name == "envoy.filters.http.ext_proc" && tc.get("observability_mode").is_none() {
             *get_mut(tc, &["failure_mode_allow"])? = Value::Bool(!opts.fail_closed);
@@ -165,7 +186,7 @@ pub fn render(
         }
     }
 
-    crate::bootstrap_identity::jwt(
+    identity::jwt(
         get_mut(hcm, &["http_filters"])?
             .as_sequence_mut()
             .ok_or("template: http_filters is not a list")?,
@@ -215,9 +236,9 @@ pub fn render(
         .ok_or("template: no fail-open cluster to copy")?;
     for (what, c) in [("fleet", &prototype), ("fail-open", &fallback)] {
         if c.get("eds_cluster_config").is_none() {
-            return Err(format!(
-                "template: the {what} cluster to copy has no eds_cluster_config"
-            ));
+            return Err(
+                format!("template: the {what} cluster to copy has no eds_cluster_config").into(),
+            );
         }
     }
     let mut out: Vec<Value> = clusters
@@ -245,7 +266,7 @@ pub fn render(
         let mut c = prototype.clone();
         *get_mut(&mut c, &["name"])? = key(&fleet.name);
         if opts.static_endpoints {
-            let lb: Result<Vec<Value>, String> =
+            let lb: Result<Vec<Value>, RenderError> =
                 fleet.endpoints.iter().map(|e| endpoint(e)).collect();
             let mut group = Mapping::new();
             group.insert(key("lb_endpoints"), Value::Sequence(lb?));
@@ -278,11 +299,10 @@ pub fn render(
         crate::peer_auth::check_listen(*addr, &cfg.grpc).map_err(|e| format!("--grpc: {e}"))?;
     }
     if let Some(token) = cfg.grpc.token().map_err(|e| e.to_string())? {
-        crate::bootstrap_token::write(&mut doc, &token)?;
+        token::write(&mut doc, &token)?;
     }
-    yaml_serde::to_string(&doc).map_err(|e| e.to_string())
+    Ok(yaml_serde::to_string(&doc).map_err(|e| e.to_string())?)
 }
 
 #[cfg(test)]
-#[path = "bootstrap_tests.rs"]
 mod tests;
