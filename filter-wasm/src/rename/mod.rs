@@ -8,6 +8,7 @@
 //! be passes untouched.
 
 mod json;
+mod output;
 pub mod request;
 pub mod response;
 

@@ -10,6 +10,8 @@
 
 use memchr::{memchr, memchr3};
 
+pub use super::output::Emit;
+use super::output::Out;
 use super::{MAX_MODEL_VALUE, json_string};
 
 /// How the body is framed (from the response's `content-type`).
@@ -92,46 +94,6 @@ pub struct ModelRewriter {
     held: Vec<u8>,
     /// Values rewritten so far.
     pub renamed: u64,
-}
-
-/// What to pass on for a chunk.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Emit {
-    /// The chunk as it is.
-    Same,
-    /// These bytes instead.
-    Bytes(Vec<u8>),
-}
-
-/// The output of one chunk, built only once something differs.
-struct Out<'c> {
-    chunk: &'c [u8],
-    /// `chunk[..copied]` is in `buf` already (or, with no `buf`, unchanged).
-    copied: usize,
-    buf: Option<Vec<u8>>,
-}
-
-impl Out<'_> {
-    /// The chunk up to `to` as it is, then `extra`; `chunk[to..skip_to]` dropped.
-    fn splice(&mut self, to: usize, extra: &[u8], skip_to: usize) {
-        let chunk = self.chunk;
-        let buf = self
-            .buf
-            .get_or_insert_with(|| Vec::with_capacity(chunk.len() + MAX_MODEL_VALUE));
-        buf.extend_from_slice(chunk.get(self.copied..to).unwrap_or_default());
-        buf.extend_from_slice(extra);
-        self.copied = skip_to;
-    }
-
-    fn finish(self) -> Emit {
-        match self.buf {
-            None => Emit::Same,
-            Some(mut buf) => {
-                buf.extend_from_slice(self.chunk.get(self.copied..).unwrap_or_default());
-                Emit::Bytes(buf)
-            }
-        }
-    }
 }
 
 fn is_ws(b: u8) -> bool {

@@ -1,5 +1,6 @@
-//! No two source files use each other, directly or around a circle: each file
-//! can be read knowing only the files below it. A child module using its
+//! The code's shape, kept: no source file over 450 lines, and no two source
+//! files that use each other, directly or around a circle (each file can be
+//! read knowing only the files below it). A child module using its
 //! parent (`use super::…`) is the idiom and not counted; test files are not
 //! counted. The scan reads `crate::`, `super::` and `self::` paths (one level
 //! of `{…}` groups) and resolves each to the longest file module it names.
@@ -177,6 +178,37 @@ fn no_file_uses_one_that_uses_it_back() {
         circles.is_empty(),
         "circles between files:\n{}",
         circles.join("\n")
+    );
+}
+
+/// Longest non-test source file.
+const MAX_LINES: usize = 450;
+
+#[test]
+fn no_source_file_is_over_450_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut long = Vec::new();
+    let mut seen = 0;
+    for dir in ["src", "benches", "../filter-wasm/src", "../tests/src"] {
+        let dir = root.join(dir);
+        let mut files = Vec::new();
+        rust_files(&dir, &mut files);
+        for f in files {
+            if module_of(f.strip_prefix(&dir).unwrap()).is_none() {
+                continue;
+            }
+            seen += 1;
+            let lines = fs::read_to_string(&f).unwrap().lines().count();
+            if lines > MAX_LINES {
+                long.push(format!("{} ({lines} lines)", f.display()));
+            }
+        }
+    }
+    assert!(seen > 100, "only {seen} source files found");
+    assert!(
+        long.is_empty(),
+        "over {MAX_LINES} lines:\n{}",
+        long.join("\n")
     );
 }
 
