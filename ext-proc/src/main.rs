@@ -156,8 +156,8 @@ enum Command {
         #[command(flatten)]
         admin: Admin,
     },
-    /// Print a reference page in Markdown: every metric, or the whole
-    /// command line (docs/reference/ holds both).
+    /// Print a reference page in Markdown: every router config field, every
+    /// metric, or the whole command line (docs/reference/ holds all three).
     Reference {
         #[arg(value_enum)]
         what: ReferencePage,
@@ -166,6 +166,7 @@ enum Command {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum ReferencePage {
+    Config,
     Metrics,
     Cli,
 }
@@ -394,6 +395,7 @@ fn main() -> ExitCode {
             print!(
                 "{}",
                 match what {
+                    ReferencePage::Config => fleetroute::reference::config(),
                     ReferencePage::Metrics => fleetroute::reference::metrics(),
                     ReferencePage::Cli => fleetroute::reference::cli(&Cli::command()),
                 }

@@ -38,6 +38,11 @@ fn check(page: &str, file: &str) {
 }
 
 #[test]
+fn the_config_reference_is_current() {
+    check("config", "router-config-fields.md");
+}
+
+#[test]
 fn the_metrics_reference_is_current() {
     check("metrics", "metrics.md");
 }

@@ -15,6 +15,7 @@
 //! A stage without `admission` is never shed nor held: every request is
 //! routed as it comes.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::Priority;
@@ -25,7 +26,7 @@ pub const MAX_WAIT_CAP_MS: u64 = 30_000;
 /// Most requests held per class and stage.
 pub const MAX_QUEUE: u32 = 4096;
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdmissionConfig {
     /// A client header naming the request's class (`critical`, `standard`,
@@ -42,7 +43,7 @@ pub struct AdmissionConfig {
 }
 
 /// One stage's objectives and queues.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct StageAdmission {
     /// Time to first token objective per class, ms; a class without one is
@@ -60,19 +61,25 @@ pub struct StageAdmission {
     pub retry_after_s: u32,
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClassObjectives {
+    /// Objective of critical requests, ms.
     pub critical: Option<f64>,
+    /// Objective of standard requests, ms.
     pub standard: Option<f64>,
+    /// Objective of sheddable requests, ms.
     pub sheddable: Option<f64>,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClassQueues {
+    /// Critical requests held at most.
     pub critical: u32,
+    /// Standard requests held at most.
     pub standard: u32,
+    /// Sheddable requests held at most (0: refused at once when they cannot be admitted).
     pub sheddable: u32,
 }
 

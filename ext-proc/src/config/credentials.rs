@@ -6,6 +6,7 @@
 //! `<redacted>`, and errors name the field, the file or the variable, never
 //! what they hold.
 
+use schemars::JsonSchema;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
@@ -13,11 +14,13 @@ use serde::{Deserialize, Serialize};
 use super::ConfigError;
 
 /// `credentials: { api_key_file: PATH }` or `{ api_key_env: VAR }`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct CredentialsConfig {
+    /// A file holding the key (read again on every reload).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_file: Option<String>,
+    /// An environment variable holding the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_key_env: Option<String>,
 }

@@ -2,9 +2,10 @@
 //! Envoy it renders (timeouts, heap, retries, outlier detection). fleetroute
 //! itself never reads them; they live here so one file describes a deployment.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvoyConfig {
     pub timeouts: TimeoutsConfig,
@@ -14,7 +15,7 @@ pub struct EnvoyConfig {
 }
 
 /// Every wait a client or a replica can impose on Envoy has a bound.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimeoutsConfig {
     /// From the first byte of the request headers to the last.
@@ -36,7 +37,7 @@ pub struct TimeoutsConfig {
 }
 
 /// Envoy's overload manager: refuse gracefully instead of growing.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct OverloadConfig {
     /// Heap the fixed-heap monitor measures pressure against. From 85% the
@@ -54,7 +55,7 @@ pub struct OverloadConfig {
 /// defaults are generous: one dead replica of two means half the fleet's
 /// requests retry at once, and a retry waiting for its backoff does not count
 /// as an active request, so the floor carries small and bursty loads.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetriesConfig {
     /// Concurrent retries as a percentage of the cluster's active requests.
@@ -66,7 +67,7 @@ pub struct RetriesConfig {
 /// Envoy's own outlier detection on fleet clusters. It is what keeps the
 /// fail-open routes (used while fleetroute is unreachable) off failing hosts,
 /// together with Envoy's active health checks from `health_check`.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct EnvoyOutlierConfig {
     /// 5xx answers in a row from a replica.
@@ -75,7 +76,9 @@ pub struct EnvoyOutlierConfig {
     pub consecutive_gateway_failure: u32,
     /// Connect failures, resets and timeouts in a row (seen by Envoy itself).
     pub consecutive_local_origin_failure: u32,
+    /// How often Envoy sweeps for outliers.
     pub interval_ms: u64,
+    /// First ejection time; each ejection of the same host lasts this times its ejection count.
     pub base_ejection_ms: u64,
     /// Never more than this percentage of a fleet ejected at once (at least
     /// one host may always be ejected).

@@ -16,12 +16,13 @@
 //! network). Neither: fleetroute serves gRPC on loopback only, and attaches
 //! no fleet key.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::credentials::read_secret;
 use super::{ApiKey, ConfigError};
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, default)]
 pub struct GrpcConfig {
     /// File holding the token every gRPC call must carry (read again on

@@ -21,6 +21,7 @@
 //! - `header`: a gateway in front verified the client and wrote the tenant
 //!   into `header`; only then is a header trusted to name one.
 
+use schemars::JsonSchema;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::ConfigError;
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum IdentitySource {
     #[default]
@@ -39,9 +40,10 @@ pub enum IdentitySource {
     Header,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct IdentityConfig {
+    /// What names a request's tenant: nothing (`none`), the client's API key, a verified JWT claim, or a header only a trusted gateway writes.
     pub source: IdentitySource,
     /// `api_key`: lines of `<sha256 hex of a key> <tenant>`.
     pub api_keys_file: Option<String>,
@@ -51,7 +53,7 @@ pub struct IdentityConfig {
     pub header: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct JwtConfig {
     /// The `iss` a token must carry.

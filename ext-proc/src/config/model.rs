@@ -1,11 +1,13 @@
 //! The router config file as its users write it: fleets and stages. Routing
 //! per policy is in `routing.rs`, every default in `defaults.rs`.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
+    /// Active checks of every replica.
     #[serde(default)]
     pub health_check: HealthCheckConfig,
     #[serde(default)]
@@ -24,7 +26,9 @@ pub struct RouterConfig {
     /// Stage for requests whose model names no stage (or that name none).
     #[serde(default)]
     pub default_stage: Option<String>,
+    /// The fleets: each a set of replicas of one provider or hardware in one region, an Envoy cluster of the same name.
     pub fleets: Vec<FleetConfig>,
+    /// The stages: a model's endpoint, the fleets that serve it and how requests are spread over them.
     pub stages: Vec<StageConfig>,
     /// Per-tenant limits, budgets and priority classes (`tenants.rs`).
     #[serde(default)]
@@ -43,11 +47,14 @@ pub struct RouterConfig {
     pub grpc: super::GrpcConfig,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct HealthCheckConfig {
+    /// Path answered with 200 by a healthy replica.
     pub path: String,
+    /// Time between two checks of a replica, at least 10.
     pub interval_ms: u64,
+    /// Bound on one check, 1 to `interval_ms`.
     pub timeout_ms: u64,
     /// Consecutive passes before an unhealthy replica rejoins.
     pub healthy_threshold: u32,
@@ -56,18 +63,20 @@ pub struct HealthCheckConfig {
 }
 
 /// Scraping each replica's Prometheus endpoint (vLLM metric names).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineMetricsConfig {
+    /// Path of the Prometheus endpoint on each replica.
     pub path: String,
     /// 0 turns scraping off.
     pub interval_ms: u64,
+    /// Bound on one scrape, 1 to `interval_ms`.
     pub timeout_ms: u64,
 }
 
 /// How long a decision holds its replica's load when the access log never
 /// reports the request's end (see `state/lease.rs`).
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LeaseConfig {
     /// Floor of a lease: longer than the access log's flush interval.
@@ -83,7 +92,7 @@ pub struct LeaseConfig {
 /// Instances of one deployment share their prefix-index changes and forward
 /// each other's access log entries through one Redis (see docs/concepts/several-instances.md, "Several
 /// instances"). Read at start; a reload keeps the link it has.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct PeersConfig {
     /// `redis://host:port/`; none: every instance routes on its own
@@ -113,18 +122,19 @@ pub struct PeersConfig {
 
 /// A member that leaves (its source or the config no longer lists it) stops
 /// taking new requests at once and is removed once idle or after the grace.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct MembershipConfig {
     /// Longest a leaving replica is kept for its requests in flight.
     pub removal_grace_ms: u64,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FleetConfig {
     /// Also the Envoy cluster name.
     pub name: String,
+    /// Where the fleet runs; a stage's `residency` names regions.
     pub region: String,
     /// The members, `ip:port` as the Envoy cluster lists them. Exactly one
     /// of `endpoints`, `dns` and `kubernetes` is set (see `source`).
@@ -136,6 +146,7 @@ pub struct FleetConfig {
     /// Members from a Kubernetes Service's EndpointSlices.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<super::KubernetesSource>,
+    /// The fleet's price: a provider's price per million tokens, or a GPU-hour price turned into one by measured throughput.
     #[serde(default)]
     pub cost: Option<CostConfig>,
     #[serde(default)]
@@ -153,7 +164,7 @@ pub struct FleetConfig {
 }
 
 /// Per-replica targets the autoscaling signal scales to.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ScalingConfig {
     /// Requests waiting per replica.
@@ -165,10 +176,12 @@ pub struct ScalingConfig {
     pub scale_down_after_ms: u64,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CostConfig {
+    /// Price of one GPU-hour, USD.
     pub gpu_hour_usd: Option<f64>,
+    /// GPUs one replica runs on.
     pub gpus_per_replica: Option<u32>,
     /// A provider's price; when set it wins over the GPU-hour derivation.
     pub usd_per_million_tokens: Option<f64>,
@@ -183,7 +196,7 @@ pub struct CostConfig {
 }
 
 /// What one replica of the fleet can take before it counts as saturated.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct CapacityConfig {
     /// Requests in flight per replica (about the engine's maximum batch).
@@ -197,17 +210,21 @@ pub struct CapacityConfig {
     pub kv_cache_tokens: u64,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Bounds {
+    /// Fewest replicas.
     pub min: u32,
+    /// Most replicas.
     pub max: u32,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct StageConfig {
+    /// The stage's name, unique in the file.
     pub name: String,
+    /// Model names clients send in `model` for this stage; empty: the stage's name.
     #[serde(default)]
     pub models: Vec<String>,
     /// Fleet names; `{ name, model }` for a fleet that serves the model
@@ -216,6 +233,7 @@ pub struct StageConfig {
     /// Regions the stage may never leave; absent = every fleet's region.
     #[serde(default)]
     pub residency: Option<OneOrMany>,
+    /// Bounds on the replicas of all the stage's fleets together, for autoscaling signals.
     #[serde(default)]
     pub replicas: Option<Bounds>,
     #[serde(default)]
@@ -247,7 +265,7 @@ impl StageConfig {
 }
 
 /// Experiments on a stage's traffic, chosen deterministically by sampling key.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct ExperimentConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -258,32 +276,38 @@ pub struct ExperimentConfig {
 
 /// An A/B test: requests the policy sends to `control` are re-sampled among
 /// control and the variants by these percentages.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct AbTest {
+    /// The fleet whose requests are re-sampled.
     pub control: String,
+    /// Fleets that take a share of the control's requests.
     pub variants: Vec<Variant>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Variant {
+    /// A fleet of the stage.
     pub fleet: String,
+    /// Share of the control's requests it takes, percent.
     pub percent: f64,
 }
 
 /// Mirror `percent` of the stage's requests to `fleet`; the client's answer
 /// never depends on it.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Shadow {
+    /// The fleet mirrored to (need not be one of the stage's).
     pub fleet: String,
+    /// Share of the stage's requests mirrored, percent.
     pub percent: f64,
 }
 
 /// How a replica is picked inside the chosen fleet: the prompt prefix it
 /// already holds against the work already queued on it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ReplicaChoiceConfig {
     /// Weight of a cached prompt token (prefill it saves).
@@ -323,20 +347,24 @@ pub struct ReplicaChoiceConfig {
 
 /// What a fleet must meet to be chosen by the cost policy (and what the
 /// dashboards alarm on), over a sliding window.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct AlarmsConfig {
+    /// Highest 95th percentile of time to first token, ms.
     pub ttft_p95_ms: Option<f64>,
+    /// Highest share of failed requests.
     pub error_rate: Option<f64>,
+    /// The sliding window the figures are taken over, seconds.
     pub window_s: u64,
     /// Below this many samples in the window a fleet counts as meeting them.
     pub min_samples: u32,
 }
 
 /// Ejecting replicas that fall behind their fleet's median.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OutlierConfig {
+    /// Whether replicas are ejected at all.
     pub enabled: bool,
     /// A replica is an outlier when its figure exceeds the fleet median by
     /// this factor.
@@ -352,6 +380,7 @@ pub struct OutlierConfig {
     /// at least this is ejected even without three comparable replicas to
     /// compare it with (one- and two-replica fleets).
     pub max_error_rate: f64,
+    /// The window outcomes are judged over, seconds.
     pub window_s: u64,
     /// Outcomes a replica needs in the window before it is judged.
     pub min_samples: u32,
@@ -359,7 +388,9 @@ pub struct OutlierConfig {
     /// fleet whose share rounds to none may still lose one replica when its
     /// stages have another fleet with a ready replica to take its traffic.
     pub max_ejected_share: f64,
+    /// First ejection time, seconds; doubled for each ejection in a row.
     pub base_ejection_s: u64,
+    /// Longest ejection, seconds.
     pub max_ejection_s: u64,
 }
 
@@ -369,18 +400,20 @@ impl WarmupConfig {
 }
 
 /// Golden prompts a replica must answer before it (re)joins the rotation.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WarmupConfig {
     /// Request path, e.g. /v1/chat/completions.
     #[serde(default = "super::defaults::warmup_path")]
     pub path: String,
+    /// The golden prompts, each sent as it is.
     pub prompts: Vec<GoldenPrompt>,
+    /// Bound on one golden prompt's answer.
     #[serde(default = "super::defaults::warmup_timeout_ms")]
     pub timeout_ms: u64,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct GoldenPrompt {
     /// The request body, as JSON.
@@ -390,7 +423,7 @@ pub struct GoldenPrompt {
     pub expect: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),

@@ -2,6 +2,7 @@
 //! field of another policy is refused while the file is read, with its path
 //! (`stages[0].routing: weights is not a field of policy latency ...`).
 
+use schemars::JsonSchema;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -9,7 +10,7 @@ use serde::de::value::MapAccessDeserializer;
 use serde::de::{self, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum PolicyKind {
     Priority,
@@ -41,7 +42,7 @@ pub enum RoutingConfig {
     Cost(ScoredRouting),
 }
 
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 pub struct PriorityRouting {
     /// Fleets in fill order; absent = the stage's `fleets` order.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -51,7 +52,7 @@ pub struct PriorityRouting {
     pub resume_below: f64,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 pub struct WeightedRouting {
     /// Weight per fleet; unlisted fleets weigh 1.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -59,7 +60,7 @@ pub struct WeightedRouting {
 }
 
 /// The latency and cost policies: both rank fleets by a figure.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 pub struct ScoredRouting {
     /// Share of requests sent to a random eligible fleet so every fleet's
     /// figures stay fresh.
@@ -142,17 +143,43 @@ impl<'de> Deserialize<'de> for RoutingConfig {
     }
 }
 
-/// The block as written: every policy's fields, checked against `policy`.
-#[derive(Deserialize)]
+/// The reference describes the block as written.
+impl JsonSchema for RoutingConfig {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "RoutingConfig".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        RoutingFields::json_schema(generator)
+    }
+}
+
+// The block as written: every policy's fields, checked against `policy`.
+/// How the stage picks a fleet: `policy`, and that policy's own fields (a
+/// field of another policy is an error).
+#[derive(Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 struct RoutingFields {
+    /// How the stage spreads requests over its fleets.
     #[serde(default)]
     policy: PolicyKind,
+    /// priority: fleets in fill order; absent = the stage's `fleets` order.
     order: Option<Vec<String>>,
-    weights: Option<BTreeMap<String, f64>>,
-    exploration: Option<f64>,
-    tolerance: Option<f64>,
+    /// priority: a saturated fleet takes traffic first again once its
+    /// utilisation is back under this fraction of capacity.
+    #[schemars(extend("default" = super::defaults::RESUME_BELOW))]
     resume_below: Option<f64>,
+    /// weighted: weight per fleet; unlisted fleets weigh 1. A fleet's share
+    /// is its weight times its ready replicas.
+    weights: Option<BTreeMap<String, f64>>,
+    /// latency and cost: share of requests sent to a random eligible fleet,
+    /// so every fleet's figures stay fresh.
+    #[schemars(extend("default" = super::defaults::EXPLORATION))]
+    exploration: Option<f64>,
+    /// latency and cost: fleets within this fraction of the best count as
+    /// tied and share the traffic.
+    #[schemars(extend("default" = super::defaults::TOLERANCE))]
+    tolerance: Option<f64>,
 }
 
 /// Which policies own each field.

@@ -2,6 +2,7 @@
 //! list, a `dns` name, or a `kubernetes` Service. The sources themselves run
 //! in `membership`; this is what the config says about them.
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::FleetConfig;
@@ -9,7 +10,7 @@ use super::FleetConfig;
 /// DNS re-resolve interval, seconds, when `dns.interval_s` is not given.
 pub const DEFAULT_DNS_INTERVAL_S: u64 = 30;
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct DnsSource {
     /// A/AAAA name, or an SRV name (`_svc._proto.name`) whose records give the port.
@@ -37,9 +38,10 @@ impl DnsSource {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct KubernetesSource {
+    /// Namespace of the Service.
     pub namespace: String,
     /// The Service whose EndpointSlices are watched.
     pub service: String,

@@ -3,6 +3,7 @@
 //! provider, another build), e.g.
 //! `fleets: [base, { name: burst, model: meta-llama/Llama-3.1-70B-Instruct }]`.
 
+use schemars::JsonSchema;
 use std::fmt;
 
 use serde::de::{self, MapAccess, Visitor};
@@ -24,11 +25,25 @@ impl StageFleet {
     }
 }
 
+/// A name, or the map form.
+impl JsonSchema for StageFleet {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "StageFleet".into()
+    }
+
+    fn json_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let detailed = generator.subschema_for::<Detailed>();
+        schemars::json_schema!({ "anyOf": [{ "type": "string" }, detailed] })
+    }
+}
+
 /// The map form, with the field checks of every other config section.
-#[derive(Deserialize, Serialize)]
+#[derive(Deserialize, JsonSchema, Serialize)]
 #[serde(deny_unknown_fields)]
 struct Detailed {
+    /// The fleet.
     name: String,
+    /// The name this fleet serves the stage's model under.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     model: Option<String>,
 }

@@ -13,6 +13,7 @@
 //! what applies to a tenant is read in one place. Every limit left out is
 //! unlimited: an empty `tenants:` changes nothing.
 
+use schemars::JsonSchema;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -30,11 +31,13 @@ pub const MAX_LIMIT: u64 = 1 << 40;
 /// or sending no tenant at all); reserved, so no named entry may take it.
 pub const OTHER_TENANT: &str = "other";
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantsConfig {
+    /// Limits of every tenant not named (and of `other`).
     #[serde(default)]
     pub default: TenantLimits,
+    /// Limits per tenant id.
     #[serde(default)]
     pub named: BTreeMap<String, TenantLimits>,
     /// Which tenants get their own metric series.
@@ -45,9 +48,10 @@ pub struct TenantsConfig {
     pub identity: super::IdentityConfig,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantLimits {
+    /// Requests in flight at once.
     #[serde(default)]
     pub max_requests_in_flight: Option<u64>,
     /// Prompt plus `max_tokens` of the requests in flight.
@@ -56,6 +60,7 @@ pub struct TenantLimits {
     /// Prompt plus completion tokens in any 60 s.
     #[serde(default)]
     pub tokens_per_minute: Option<u64>,
+    /// Spend allowed per period; beyond it requests get 429.
     #[serde(default)]
     pub budget: Option<Budget>,
     /// The admission class (read by priority/SLO admission).
@@ -63,14 +68,16 @@ pub struct TenantLimits {
     pub priority: Priority,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Budget {
+    /// Spend allowed in a period, USD.
     pub usd: f64,
+    /// The period the budget renews over.
     pub per: BudgetPeriod,
 }
 
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum BudgetPeriod {
     /// UTC calendar day.
@@ -88,7 +95,7 @@ impl BudgetPeriod {
     }
 }
 
-#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Priority {
     Critical,
@@ -109,10 +116,12 @@ impl Priority {
 
 /// Per-tenant metric series are bounded: the `top` tenants by tokens charged
 /// plus every `pinned` one get their own; all others count as `other`.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct TenantMetricsConfig {
+    /// Tenants by tokens charged that get their own series.
     pub top: usize,
+    /// Tenants that always have their own series.
     pub pinned: Vec<String>,
 }
 
@@ -136,7 +145,7 @@ impl TenantsConfig {
 }
 
 /// `tenants_redis:` — per-minute limits shared by several instances.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantsRedisConfig {
     /// `redis://127.0.0.1:6379/`
@@ -156,12 +165,14 @@ pub struct TenantsRedisConfig {
 }
 
 /// `audit:` — one JSON line per request.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AuditConfig {
     /// File to write; rotated at `max_bytes`. Unset: no file.
     pub path: Option<PathBuf>,
+    /// Also write every record to standard output.
     pub stdout: bool,
+    /// Size at which the file is rotated.
     pub max_bytes: u64,
     /// Files kept, the live one included.
     pub max_files: u32,
@@ -200,7 +211,7 @@ impl TenantsRedisConfig {
 /// field left out stays, `null` removes the limit (unlimited), a value sets
 /// it. Applied to the tenant's named entry, or to a copy of `default` for a
 /// tenant that has none yet.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TenantPatch {
     #[serde(

@@ -4,7 +4,11 @@
 //! `docs/reference/{metrics,cli}.md` are their output, and a test fails when
 //! either is stale (`scripts/reference.sh` writes them again).
 
+mod config;
+
 use std::fmt::Write;
+
+pub use config::config;
 
 /// Every metric family: name, type and help, sorted by name.
 pub fn metrics() -> String {
