@@ -1,4 +1,4 @@
-//! Tests of `bootstrap.rs`.
+//! Tests of the rendered bootstrap (`bootstrap/mod.rs`).
 
 use super::*;
 
