@@ -20,10 +20,11 @@ use fleetroute::admission::{Admission, Judged};
 use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::decision_trace::DecisionSpan;
 use fleetroute::observe::Observation;
+use fleetroute::request::tenant as admit;
+use fleetroute::route::decide;
 use fleetroute::route::experiment::Arm;
 use fleetroute::route::key::RouteKey;
 use fleetroute::route::rendezvous::{score, unit};
-use fleetroute::route::{admit, decide};
 use fleetroute::state::{Change, Event, Routed, Shared, Writer};
 use fleetroute::tenancy::ledger::Usage;
 use fleetroute::topology::{FleetId, ReplicaId};
@@ -155,9 +156,9 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
                 stage: d.stage,
                 fleet: d.fleet,
                 replica: *d.replicas.head(),
-                key_source: "content",
-                arm: "none",
-                pick: "key",
+                key_source: Some(KeySource::Content),
+                arm: Arm::None,
+                pick: d.pick,
                 shadow: None,
                 prompt_tokens: (p.len() * 16) as u64,
                 blocks: p.clone(),

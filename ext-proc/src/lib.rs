@@ -19,6 +19,7 @@ pub mod peers;
 pub mod redis_link;
 pub mod reference;
 pub mod reload;
+pub mod request;
 pub mod route;
 pub mod serve;
 pub mod shutdown;

@@ -323,6 +323,24 @@ fn main() -> ExitCode {
             instance_id,
             drain: std::time::Duration::from_millis(drain_ms),
         }),
+        Command::Reference { what } => {
+            print!(
+                "{}",
+                match what {
+                    ReferencePage::Config => fleetroute::reference::config(),
+                    ReferencePage::Metrics => fleetroute::reference::metrics(),
+                    ReferencePage::Cli => fleetroute::reference::cli(&Cli::command()),
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        admin => admin_command(admin),
+    }
+}
+
+/// The commands that talk to a running instance's admin API.
+fn admin_command(command: Command) -> ExitCode {
+    match command {
         Command::Endpoint {
             cmd: EndpointCmd::Get { stage, json, admin },
         } => commands::show(&admin.target(), &stage, json, View::Endpoint),
@@ -391,16 +409,9 @@ fn main() -> ExitCode {
             remove,
         ),
         Command::Reload { admin } => commands::reload(&admin.target()),
-        Command::Reference { what } => {
-            print!(
-                "{}",
-                match what {
-                    ReferencePage::Config => fleetroute::reference::config(),
-                    ReferencePage::Metrics => fleetroute::reference::metrics(),
-                    ReferencePage::Cli => fleetroute::reference::cli(&Cli::command()),
-                }
-            );
-            ExitCode::SUCCESS
-        }
+        Command::CheckConfig { .. }
+        | Command::Bootstrap { .. }
+        | Command::Serve { .. }
+        | Command::Reference { .. } => unreachable!("run locally by main"),
     }
 }

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime};
 
@@ -19,7 +20,7 @@ use crate::config::RouterConfig;
 use crate::observe::access_log::LogService;
 use crate::reload::Reloader;
 use crate::shutdown::Phase;
-use crate::state::Writer;
+use crate::state::{Shared, Writer};
 use crate::stream::Service;
 
 pub struct ServeOptions {
@@ -62,6 +63,38 @@ pub fn run(opts: ServeOptions) -> ExitCode {
     }
 }
 
+/// The peer link, when `peers.redis_url` is set: this instance's prefix
+/// changes go out, the others' and their forwarded log entries come in.
+fn start_peers(
+    shared: &Arc<Shared>,
+    writer: &mut Writer,
+    cfg: &RouterConfig,
+    instance: &str,
+) -> Result<Option<crate::peers::PeerLink>, Error> {
+    if cfg.peers.redis_url.is_none() {
+        tracing::info!(instance = %instance, "no peers.redis_url: this instance routes on its own decisions");
+        return Ok(None);
+    }
+    let updates = writer.share_updates();
+    let started = crate::peers::start(shared.clone(), &cfg.peers, instance, updates)?;
+    tokio::spawn(crate::observe::access_log::receive(
+        shared.clone(),
+        started.forwarded,
+    ));
+    tracing::info!(instance = %instance, flush_ms = cfg.peers.flush_ms,
+        "sharing prefixes and access log entries with other instances through Redis");
+    Ok(Some(started.link))
+}
+
+/// The tasks that reach replicas and membership sources.
+fn spawn_probes(shared: &Arc<Shared>) {
+    use crate::state::probe;
+    tokio::spawn(probe::health::run_checks(shared.clone()));
+    tokio::spawn(probe::warmup::run_warmups(shared.clone()));
+    tokio::spawn(probe::scrape::run_scrapes(shared.clone()));
+    tokio::spawn(probe::sources::run_sources(shared.clone()));
+}
+
 pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let token = crate::admin::admin_token(opts.admin_token)?;
     let cfg = RouterConfig::load_valid(&opts.config)
@@ -76,23 +109,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
     let (shared, mut writer) = Writer::named(&cfg, instance.clone());
     // Routing calls fail open until the instance is ready (`report_health`).
     shared.deciding.store(false, Ordering::Relaxed);
-    let peers = match cfg.peers.redis_url {
-        Some(_) => {
-            let updates = writer.share_updates();
-            let started = crate::peers::start(shared.clone(), &cfg.peers, &instance, updates)?;
-            tokio::spawn(crate::observe::access_log::receive(
-                shared.clone(),
-                started.forwarded,
-            ));
-            tracing::info!(instance = %instance, flush_ms = cfg.peers.flush_ms,
-                "sharing prefixes and access log entries with other instances through Redis");
-            Some(started.link)
-        }
-        None => {
-            tracing::info!(instance = %instance, "no peers.redis_url: this instance routes on its own decisions");
-            None
-        }
-    };
+    let peers = start_peers(&shared, &mut writer, &cfg, &instance)?;
     // The audit file opens now, so a path that cannot be written stops the
     // start with a clear error rather than losing every record.
     shared
@@ -101,10 +118,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), Error> {
         .map_err(|e| format!("audit.path: {e}"))?;
     shared.tenants.spawn_upkeep();
     tokio::spawn(writer.run());
-    tokio::spawn(crate::state::probe::health::run_checks(shared.clone()));
-    tokio::spawn(crate::state::probe::warmup::run_warmups(shared.clone()));
-    tokio::spawn(crate::state::probe::scrape::run_scrapes(shared.clone()));
-    tokio::spawn(crate::state::probe::sources::run_sources(shared.clone()));
+    spawn_probes(&shared);
     let reloader = Reloader::new(shared.clone(), opts.config.clone())
         .serving_grpc_on(opts.grpc)
         .watching(&cfg);

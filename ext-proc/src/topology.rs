@@ -15,9 +15,11 @@ use crate::config::{
 };
 pub mod ids;
 pub mod load;
+pub mod pick;
 pub mod slots;
 
 pub use ids::{ById, Candidate, FleetId, NonEmpty, ReplicaId, StageId};
+pub use pick::Pick;
 pub use slots::{MAX_SLOTS, Slots};
 
 use load::ReplicaLoad;
@@ -232,67 +234,7 @@ impl Topology {
         let stages = cfg
             .stages
             .iter()
-            .map(|s| {
-                let idx: Vec<FleetId> = s.fleet_names().map(|n| fleet_idx[n.as_str()]).collect();
-                let mut residency = match &s.residency {
-                    Some(r) => r.to_vec(),
-                    None => idx
-                        .iter()
-                        .map(|&i| fleets[i.index()].region.clone())
-                        .collect(),
-                };
-                residency.sort();
-                residency.dedup();
-                let r = &s.routing;
-                let policy = match r.policy() {
-                    PolicyKind::Priority => Policy::Priority {
-                        order: match r.order() {
-                            Some(o) => o.iter().map(|n| fleet_idx[n.as_str()]).collect(),
-                            None => idx.clone(),
-                        },
-                    },
-                    PolicyKind::Weighted => {
-                        let mut weights = vec![0.0; fleets.len()];
-                        for &i in &idx {
-                            weights[i] = r.weight(&fleets[i.index()].name);
-                        }
-                        Policy::Weighted { weights }
-                    }
-                    PolicyKind::Latency => Policy::Latency,
-                    PolicyKind::Cost => Policy::Cost,
-                };
-                Stage {
-                    name: s.name.clone(),
-                    model: s.models.first().unwrap_or(&s.name).clone(),
-                    fleets: idx,
-                    served: s.fleets.iter().map(|f| f.model.clone()).collect(),
-                    residency,
-                    replicas: s.replicas,
-                    policy,
-                    routing: s.routing.clone(),
-                    replica_choice: s.replica_choice.clone(),
-                    alarms: s.alarms.clone(),
-                    outlier: s.outlier.clone(),
-                    warmup: s.warmup.clone(),
-                    admission: s.admission.clone(),
-                    experiment: Experiment {
-                        ab: s.experiment.ab.as_ref().map(|ab| {
-                            (
-                                fleet_idx[ab.control.as_str()],
-                                ab.variants
-                                    .iter()
-                                    .map(|v| (fleet_idx[v.fleet.as_str()], v.percent))
-                                    .collect(),
-                            )
-                        }),
-                        shadow: s
-                            .experiment
-                            .shadow
-                            .as_ref()
-                            .map(|sh| (fleet_idx[sh.fleet.as_str()], sh.percent)),
-                    },
-                }
-            })
+            .map(|s| stage(s, &fleet_idx, &fleets))
             .collect::<Vec<_>>();
         let mut by_model = HashMap::new();
         for (i, s) in cfg.stages.iter().enumerate() {
@@ -431,5 +373,72 @@ impl Topology {
             grpc_token: None,
             identity: crate::config::Identity::None,
         }
+    }
+}
+
+/// A stage of the config, its fleets by id.
+fn stage(
+    s: &crate::config::StageConfig,
+    fleet_idx: &HashMap<&str, FleetId>,
+    fleets: &[Fleet],
+) -> Stage {
+    let idx: Vec<FleetId> = s.fleet_names().map(|n| fleet_idx[n.as_str()]).collect();
+    let mut residency = match &s.residency {
+        Some(r) => r.to_vec(),
+        None => idx
+            .iter()
+            .map(|&i| fleets[i.index()].region.clone())
+            .collect(),
+    };
+    residency.sort();
+    residency.dedup();
+    let r = &s.routing;
+    let policy = match r.policy() {
+        PolicyKind::Priority => Policy::Priority {
+            order: match r.order() {
+                Some(o) => o.iter().map(|n| fleet_idx[n.as_str()]).collect(),
+                None => idx.clone(),
+            },
+        },
+        PolicyKind::Weighted => {
+            let mut weights = vec![0.0; fleets.len()];
+            for &i in &idx {
+                weights[i] = r.weight(&fleets[i.index()].name);
+            }
+            Policy::Weighted { weights }
+        }
+        PolicyKind::Latency => Policy::Latency,
+        PolicyKind::Cost => Policy::Cost,
+    };
+    Stage {
+        name: s.name.clone(),
+        model: s.models.first().unwrap_or(&s.name).clone(),
+        fleets: idx,
+        served: s.fleets.iter().map(|f| f.model.clone()).collect(),
+        residency,
+        replicas: s.replicas,
+        policy,
+        routing: s.routing.clone(),
+        replica_choice: s.replica_choice.clone(),
+        alarms: s.alarms.clone(),
+        outlier: s.outlier.clone(),
+        warmup: s.warmup.clone(),
+        admission: s.admission.clone(),
+        experiment: Experiment {
+            ab: s.experiment.ab.as_ref().map(|ab| {
+                (
+                    fleet_idx[ab.control.as_str()],
+                    ab.variants
+                        .iter()
+                        .map(|v| (fleet_idx[v.fleet.as_str()], v.percent))
+                        .collect(),
+                )
+            }),
+            shadow: s
+                .experiment
+                .shadow
+                .as_ref()
+                .map(|sh| (fleet_idx[sh.fleet.as_str()], sh.percent)),
+        },
     }
 }

@@ -20,8 +20,8 @@ use envoy_types::pb::google::protobuf::value::Kind;
 use fleetroute::config::RouterConfig;
 use fleetroute::observe::access_log;
 use fleetroute::peers::{self, PeerLink};
+use fleetroute::request::{place::place, reply};
 use fleetroute::route::key::RouteKey;
-use fleetroute::route::{mutation, place::place};
 use fleetroute::state::lease::LeaseInput;
 use fleetroute::state::prefix_index::Matches;
 use fleetroute::state::{Event, Shared, Writer};
@@ -165,7 +165,7 @@ async fn route(n: &Node, blocks: Vec<u64>, name: &str) -> (usize, Metadata) {
     };
     let p = place(&n.shared, key, 1).await.expect("routed");
     let replica = p.decision.replicas.head().index();
-    let reply = mutation::route(&p.snapshot.topo, &p.decision, p.nonce, name, None);
+    let reply = reply::route(&p.snapshot.topo, &p.decision, p.nonce, name, None);
     let decided = p.decided();
     n.shared
         .hold_load(p.nonce, p.guard, decided, &LeaseInput::default(), None);

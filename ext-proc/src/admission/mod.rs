@@ -1,11 +1,11 @@
 //! Priority classes and time to first token objectives under overload.
 //!
 //! Between the decision (`route`) and putting it into effect
-//! (`route::place::admit_and_commit`), admission looks at the request's class
+//! (`request::place::admit_and_commit`), admission looks at the request's class
 //! (`class`), its predicted time to first token on the chosen replica
 //! (`predict`) and what its stage holds (`queue`), and routes it, holds it
 //! until a replica can meet its objective, or refuses it with a 429
-//! (`judge` has the rules, `reply` the answers, `fit` finds another replica
+//! (`judge` has the rules, `request::reply` the answers, `fit` finds another replica
 //! for a request its chosen one cannot take, `ticket` is a held request's
 //! place). Capacity among the tenants of a class is shared by their recent
 //! tokens (`shares`); per-stage state is in `runtime`.
@@ -25,7 +25,7 @@ mod fit;
 pub mod judge;
 pub mod predict;
 pub mod queue;
-pub mod reply;
+
 mod runtime;
 pub mod shares;
 mod ticket;

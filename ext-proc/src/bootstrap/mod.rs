@@ -135,6 +135,26 @@ pub fn render(
         .ok_or("template: no http_connection_manager")?;
     envoy_bounds::connection_manager(hcm, &cfg.envoy)?;
 
+    http_filters(hcm, cfg, opts)?;
+    routes(hcm, cfg)?;
+    clusters(&mut doc, cfg, opts)?;
+    for addr in &opts.grpc {
+        crate::peer_auth::check_listen(*addr, &cfg.grpc).map_err(|e| format!("--grpc: {e}"))?;
+    }
+    if let Some(token) = cfg.grpc.token().map_err(|e| e.to_string())? {
+        token::write(&mut doc, &token)?;
+    }
+    Ok(yaml_serde::to_string(&doc).map_err(|e| e.to_string())?)
+}
+
+/// The Wasm filter's file and configuration, the routing ext_proc's failure
+/// mode and forwarded headers, and `jwt_authn` first when tenants come from
+/// JWTs.
+fn http_filters(
+    hcm: &mut Value,
+    cfg: &RouterConfig,
+    opts: &BootstrapOptions,
+) -> Result<(), RenderError> {
     for filter in get_mut(hcm, &["http_filters"])?
         .as_sequence_mut()
         .ok_or("template: http_filters is not a list")?
@@ -192,7 +212,11 @@ pub fn render(
             .ok_or("template: http_filters is not a list")?,
         cfg,
     )?;
+    Ok(())
+}
 
+/// The decision's routes (bounded), then the fail-open routes.
+fn routes(hcm: &mut Value, cfg: &RouterConfig) -> Result<(), RenderError> {
     let routes = get_mut(hcm, &["route_config", "virtual_hosts"])?
         .get_mut(0)
         .and_then(|vh| vh.get_mut("routes"))
@@ -215,8 +239,17 @@ pub fn render(
             key("max_direct_response_body_size_bytes"),
             Value::Number(list.max(4096).next_power_of_two().into()),
         );
+    Ok(())
+}
 
-    let clusters = get_mut(&mut doc, &["static_resources", "clusters"])?
+/// One cluster per fleet and per stage's fail-open, copied from the
+/// template's, and the fleetroute cluster's addresses.
+fn clusters(
+    doc: &mut Value,
+    cfg: &RouterConfig,
+    opts: &BootstrapOptions,
+) -> Result<(), RenderError> {
+    let clusters = get_mut(doc, &["static_resources", "clusters"])?
         .as_sequence_mut()
         .ok_or("template: clusters is not a list")?;
     let is_fallback = |c: &Value| {
@@ -295,13 +328,7 @@ pub fn render(
         out.push(c);
     }
     *clusters = out;
-    for addr in &opts.grpc {
-        crate::peer_auth::check_listen(*addr, &cfg.grpc).map_err(|e| format!("--grpc: {e}"))?;
-    }
-    if let Some(token) = cfg.grpc.token().map_err(|e| e.to_string())? {
-        token::write(&mut doc, &token)?;
-    }
-    Ok(yaml_serde::to_string(&doc).map_err(|e| e.to_string())?)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -176,7 +176,7 @@ fn admission_gets_its_timer_and_its_header() {
         .parse()
         .unwrap();
     let needed = crate::config::MAX_WAIT_CAP_MS as f64 / 1000.0
-        + crate::admission::reply::TIMER_MARGIN.as_secs_f64();
+        + crate::request::reply::TIMER_MARGIN.as_secs_f64();
     assert!(max >= needed, "max_message_timeout {max}s < {needed}s");
     let patterns = tc["forward_rules"]["allowed_headers"]["patterns"]
         .as_sequence()

@@ -11,13 +11,13 @@ use fleetroute_filter::contract::KeySource;
 use futures::executor::block_on;
 
 use super::key::RouteKey;
-use super::place::place;
 use super::{Reject, decide};
 use crate::config::RouterConfig;
 use crate::membership::Member;
+use crate::request::place::place;
 use crate::state::load::RequestGuard;
 use crate::state::{Event, Shared, Writer};
-use crate::topology::{FleetId, ReplicaId};
+use crate::topology::{FleetId, Pick, ReplicaId};
 
 fn addr(i: u16) -> SocketAddr {
     SocketAddr::from(([10, 0, 0, i as u8 + 1], 80))
@@ -292,7 +292,10 @@ fn a_decision_says_whether_the_key_or_load_picked_its_replica() {
     let snap = rig.shared.snapshot_full();
     // No prefix, no load: every key goes to its rendezvous choice.
     for k in 0..50 {
-        assert_eq!(decide(&snap, &key(k, Vec::new()), k).unwrap().pick, "key");
+        assert_eq!(
+            decide(&snap, &key(k, Vec::new()), k).unwrap().pick,
+            Pick::Key
+        );
     }
     // Key 7's home is past the bounded-load guard: load picks another.
     let home = *decide(&snap, &key(7, Vec::new()), 7)
@@ -304,7 +307,7 @@ fn a_decision_says_whether_the_key_or_load_picked_its_replica() {
         .collect();
     let d = decide(&snap, &key(7, Vec::new()), 7).unwrap();
     assert_ne!(*d.replicas.head(), home);
-    assert_eq!(d.pick, "load_guard");
+    assert_eq!(d.pick, Pick::LoadGuard);
     drop(held);
     // A prompt cached on another replica only: the prefix picks it.
     let blocks: Vec<u64> = (0..8).collect();
@@ -323,5 +326,5 @@ fn a_decision_says_whether_the_key_or_load_picked_its_replica() {
         .unwrap();
     let d = decide(&rig.shared.snapshot_full(), &key(other, blocks), other).unwrap();
     assert_eq!(*d.replicas.head(), cached_on);
-    assert_eq!(d.pick, "prefix");
+    assert_eq!(d.pick, Pick::Prefix);
 }

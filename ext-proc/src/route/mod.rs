@@ -2,13 +2,11 @@
 //! `RouteKey → stage → Candidates → fleet → ReplicaChoice → Decision`.
 //! It reads a snapshot and never writes.
 
-pub mod admit;
 pub mod eligible;
 pub mod experiment;
 pub mod fleet;
 pub mod key;
-pub mod mutation;
-pub mod place;
+
 pub mod rendezvous;
 pub mod replica;
 pub mod stage;
@@ -18,7 +16,7 @@ mod per_fleet_tests;
 
 use crate::state::Snapshot;
 use crate::tenancy::identity::Unidentified;
-use crate::topology::{FleetId, NonEmpty, ReplicaId, StageId};
+use crate::topology::{FleetId, NonEmpty, Pick, ReplicaId, StageId};
 use key::RouteKey;
 
 /// Where a request goes.
@@ -35,7 +33,7 @@ pub struct Decision {
     /// Prefill tokens already waiting on it.
     pub queued_tokens: u64,
     /// Why this replica (`replica::ReplicaChoice::pick`).
-    pub pick: &'static str,
+    pub pick: Pick,
     pub arm: experiment::Arm,
     /// A shadow fleet to mirror the request to.
     pub shadow: Option<FleetId>,

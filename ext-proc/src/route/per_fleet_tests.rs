@@ -11,8 +11,9 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{HeaderMutation, ProcessingRe
 use fleetroute_filter::contract;
 
 use super::key::RouteKey;
-use super::{Decision, decide, mutation};
+use super::{Decision, decide};
 use crate::config::RouterConfig;
+use crate::request::reply as mutation;
 use crate::state::{Event, Shared, Writer};
 use crate::topology::{FleetId, ReplicaId};
 
@@ -146,7 +147,7 @@ fn the_audit_record_names_the_model_the_fleet_served() {
     ] {
         let k = key(asked, 1);
         let d = decide(&snap, &k, 0).unwrap();
-        let ctx = super::admit::context(&snap, &d, &k);
+        let ctx = crate::request::tenant::context(&snap, &d, &k);
         assert_eq!(&*ctx.model, asked);
         assert_eq!(ctx.model_served.as_deref(), served, "asked {asked}");
     }

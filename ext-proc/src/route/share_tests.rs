@@ -10,8 +10,8 @@ use futures::executor::block_on;
 
 use super::decide;
 use super::key::RouteKey;
-use super::place::place;
 use crate::config::{ReplicaChoiceConfig, RouterConfig};
+use crate::request::place::place;
 use crate::state::{Shared, Writer};
 use crate::topology::{FleetId, ReplicaId};
 
@@ -81,7 +81,7 @@ fn route_reported(
 ) -> (ReplicaId, &'static str) {
     let p = block_on(place(shared, key, rng)).unwrap();
     let r = *p.decision.replicas.head();
-    let pick = p.decision.pick;
+    let pick = p.decision.pick.as_str();
     if first_byte {
         p.guard.first_byte();
     }
@@ -193,7 +193,7 @@ fn a_running_conversation_stays_on_its_cache_past_its_share() {
     // says why.
     let moved = (100..400)
         .map(|c| decide(&shared.snapshot(), &turn(c, 0), c).unwrap())
-        .find(|d| d.pick == "share")
+        .find(|d| d.pick == crate::topology::Pick::Share)
         .expect("some new conversation was moved by the share bound");
     assert_ne!(*moved.replicas.head(), home);
 }
@@ -328,7 +328,7 @@ fn the_share_makes_a_request_wait_at_most_share_wait_tokens() {
     // Behind less: the bound holds and the request waits.
     let (on_busy, pick) = placed_on_busy(wait - 8_000, true);
     assert!(!on_busy, "the bound let a short wait through ({pick})");
-    assert_eq!(pick, "share");
+    assert_eq!(pick, crate::topology::Pick::Share);
     // Without first-byte reports the empty queue may be an estimate: the
     // bound holds however long the others' queues read.
     let (on_busy, pick) = placed_on_busy(wait + 8_000, false);

@@ -8,6 +8,7 @@ use serde::Serialize;
 
 use super::Routed;
 use crate::topology::{FleetId, Topology};
+use fleetroute_filter::contract::KeySource;
 
 /// Longest client `x-request-id` fleetroute keeps (bytes): anything longer is
 /// cut before it is stored, hashed or logged.
@@ -52,7 +53,7 @@ pub struct DecisionRecord {
     pub replica: String,
     pub key_source: &'static str,
     pub arm: &'static str,
-    /// Why this replica: `key`, `prefix`, `load_guard` or `load`.
+    /// Why this replica: `key`, `prefix`, `share`, `load_guard` or `load`.
     pub pick: &'static str,
     pub shadow: Option<String>,
     pub predicted_cached_tokens: u64,
@@ -76,9 +77,9 @@ impl DecisionRecord {
                 .resolves(r.generation, r.fleet, r.replica)
                 .map(|x| x.addr.clone())
                 .unwrap_or_default(),
-            key_source: r.key_source,
-            arm: r.arm,
-            pick: r.pick,
+            key_source: r.key_source.map_or("none", KeySource::as_str),
+            arm: r.arm.as_str(),
+            pick: r.pick.as_str(),
             shadow: r.shadow.and_then(name),
             predicted_cached_tokens: r.predicted_cached_tokens,
         }

@@ -86,7 +86,8 @@ pub use writer::{Change, ChangeError};
 use crate::config::{RouterConfig, Source};
 use crate::membership::Member;
 use crate::metrics::Metrics;
-use crate::topology::{FleetId, ReplicaId, Slots, StageId, Topology};
+use crate::topology::{Arm, FleetId, Pick, ReplicaId, Slots, StageId, Topology};
+use fleetroute_filter::contract::KeySource;
 pub use observation::Observation;
 
 /// What the decision path reads for one request.
@@ -194,10 +195,11 @@ pub struct Routed {
     pub stage: StageId,
     pub fleet: FleetId,
     pub replica: ReplicaId,
-    pub key_source: &'static str,
-    pub arm: &'static str,
+    /// Where the sampling key came from (none: no key).
+    pub key_source: Option<KeySource>,
+    pub arm: Arm,
     /// Why this replica of the fleet (`route::replica::ReplicaChoice::pick`).
-    pub pick: &'static str,
+    pub pick: Pick,
     pub shadow: Option<FleetId>,
     pub blocks: Vec<u64>,
     pub block_tokens: u32,

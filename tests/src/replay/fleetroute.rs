@@ -1,17 +1,23 @@
-//! fleetroute's own decision code in the simulation: the real `decide`, the
-//! real writer (prefix index, figures, outliers) and real load guards, driven
-//! by the simulated clock.
+//! fleetroute's own request path in the simulation: the real decision
+//! (`request::place::decide_on`), class and tenant admission and the commit
+//! (`request::admit` and `request::release`, what the ext_proc stream runs),
+//! the real writer (prefix index, figures, outliers) and real load guards,
+//! driven by the simulated clock. The lease and the reply are not run: a
+//! lease's bound runs on the wall clock (moka's expiry), which the
+//! simulation does not have, so the simulation ends a request's load at its
+//! simulated end and first token itself.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
-use fleetroute::admission::{Admission, Judged, Retried, Ticket};
+use fleetroute::admission::{Admission, Ticket};
 use fleetroute::config::{RouterConfig, ValidConfig};
 use fleetroute::observe::Observation;
 use fleetroute::observe::usage::{PromptDetails, Usage};
+use fleetroute::request::place::{Placed, decide_on};
+use fleetroute::request::{self, Admitted as Outcome};
 use fleetroute::route::key::RouteKey;
-use fleetroute::route::place::{Placed, admit_and_commit, decide_on};
 use fleetroute::state::load::RequestGuard;
 use fleetroute::state::peer::PeerUpdate;
 use fleetroute::state::{Decided, Event, Shared, Writer};
@@ -162,11 +168,31 @@ impl Fleetroute {
 
     /// The real decision for `req` at `now`, its load counted (no admission).
     pub fn place(&mut self, now: f64, req: &TraceRequest) -> Placement {
+        match self.admit(now, req) {
+            Outcome::Placed(placed, _) => self.placement(now, placed, 0.0),
+            _ => panic!("placed with admission or tenant limits"),
+        }
+    }
+
+    /// The request path for `req` at `now`: the decision, class admission,
+    /// the tenant's limits and the commit. No tenant limits are set in the
+    /// replay, so the tenant step never waits on Redis.
+    fn admit<'a>(&mut self, now: f64, req: &'a TraceRequest) -> Outcome<'a> {
         let rng = self.next_rng();
         let key = self.key(req);
         let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
-        let placed = commit(&self.shared, snap, decision, key);
-        self.placement(now, placed, 0.0)
+        let t = self.at(now);
+        let headers = HeaderMap::default();
+        let admitted = request::admit(
+            &self.shared,
+            &self.admission,
+            snap,
+            decision,
+            key,
+            &headers,
+            t,
+        );
+        futures::executor::block_on(admitted)
     }
 
     /// A decision put into effect at `now`, after `held_ms` held.
@@ -277,29 +303,14 @@ impl SimRouter for Fleetroute {
     }
 
     fn arrive(&mut self, now: f64, id: usize, req: &TraceRequest, _: &View<'_>) -> Admitted {
-        let rng = self.next_rng();
-        let key = self.key(req);
-        let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
-        let t = self.at(now);
-        let judged = self.admission.judge(
-            &self.shared.metrics,
-            &snap,
-            &HeaderMap::default(),
-            &key,
-            decision,
-            t,
-        );
-        match judged {
-            Judged::Admit(d) => {
-                let p = commit(&self.shared, snap, d, key);
-                Admitted::To(self.placed(now, id, req, p, 0.0))
-            }
-            Judged::Hold(ticket) => {
-                self.held.push((id, ticket));
+        match self.admit(now, req) {
+            Outcome::Placed(p, _) => Admitted::To(self.placed(now, id, req, p, 0.0)),
+            Outcome::Held(held) => {
+                self.held.push((id, held.ticket));
                 Admitted::Held
             }
-            Judged::Refuse { .. } => Admitted::Refused,
-            Judged::Invalid(_) => unreachable!("no priority header in the replay"),
+            Outcome::Overloaded { .. } | Outcome::Rejected(_) => Admitted::Refused,
+            Outcome::Invalid(_) => unreachable!("no priority header in the replay"),
         }
     }
 
@@ -329,21 +340,28 @@ impl SimRouter for Fleetroute {
         while let Some(pos) = self.held.iter().position(|(_, tk)| tk.is_head(t)) {
             let (id, ticket) = self.held.remove(pos);
             let rng = self.next_rng();
-            let key = self.key(&reqs[id]);
+            let mut key = self.key(&reqs[id]);
             let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
             let held_ms = t.saturating_duration_since(ticket.arrived()).as_secs_f64() * 1000.0;
-            match self.admission.retry(ticket, &snap, &key, decision, t) {
-                (_, Retried::Release(d)) => {
-                    let p = commit(&self.shared, snap, d, key);
+            let released = request::release(
+                &self.shared,
+                &self.admission,
+                ticket,
+                snap,
+                decision,
+                &mut key,
+                t,
+            );
+            match futures::executor::block_on(released) {
+                Ok(Outcome::Placed(p, _)) => {
                     let r = self.placed(now, id, &reqs[id], p, held_ms);
                     out.push((id, Some(r)));
                 }
-                (_, Retried::Refuse(_)) => out.push((id, None)),
-                (Some(ticket), Retried::Wait) => {
+                Ok(_) => out.push((id, None)),
+                Err(ticket) => {
                     self.held.insert(pos, (id, ticket));
                     break;
                 }
-                (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
             }
         }
         out
@@ -368,15 +386,4 @@ impl SimRouter for Fleetroute {
         let t = self.at(now);
         self.writer.tick(t);
     }
-}
-
-/// The decision put into effect. No tenant limits in the replay, so the
-/// tenant's admission never waits (no Redis round trip) nor refuses.
-fn commit(
-    shared: &Shared,
-    snap: Arc<fleetroute::state::Snapshot>,
-    d: fleetroute::route::Decision,
-    key: RouteKey<'_>,
-) -> Placed {
-    futures::executor::block_on(admit_and_commit(shared, snap, d, key)).expect("no tenant limits")
 }

@@ -4,7 +4,7 @@ mod prefix_load;
 
 pub use prefix_load::choose;
 
-use crate::topology::{NonEmpty, ReplicaId};
+use crate::topology::{NonEmpty, Pick, ReplicaId};
 
 /// Fallback hosts Envoy may retry on, after the chosen one.
 pub const FALLBACKS: usize = 2;
@@ -22,5 +22,5 @@ pub struct ReplicaChoice {
     /// (that choice was past the bounded-load guard), `share` (a new
     /// conversation, and that choice had more than its share of recent
     /// requests) or `load` (its queue put it outside the tie).
-    pub pick: &'static str,
+    pub pick: Pick,
 }

@@ -59,7 +59,7 @@ use crate::config::ReplicaChoiceConfig;
 use crate::route::eligible::{CandidateFleet, cached_tokens};
 use crate::route::key::RouteKey;
 use crate::state::prefix_index::Matches;
-use crate::topology::{Fleet, NonEmpty, ReplicaId};
+use crate::topology::{Fleet, NonEmpty, Pick, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 use smallvec::SmallVec;
 
@@ -118,28 +118,7 @@ pub fn choose(
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
 ) -> ReplicaChoice {
-    // On the stack: a fleet has at most `Matches::SLOTS` replicas.
-    let mut scored: SmallVec<[Scored; Matches::SLOTS]> = SmallVec::new();
-    scored.extend(cand.ready.iter().map(|r| {
-        let load = &fleet.replicas[r.replica].load;
-        let queued = load.pending_prefill() as f64
-            + f64::from(load.engine_waiting()) * cfg.engine_queue_tokens;
-        let cached = cached_tokens(r.matched, key);
-        Scored {
-            replica: r.replica,
-            overloaded: load.inflight() >= fleet.capacity.max_inflight,
-            inflight: f64::from(load.inflight()),
-            queued,
-            cost: 0.0,
-            tied: false,
-            unit: r.unit,
-            cached,
-            own: r.matched.saturating_sub(key.opening_blocks),
-            over_share: false,
-            recent: load.recent(),
-            first_byte: load.first_byte_reported(),
-        }
-    }));
+    let mut scored = score(fleet, cand, key, cfg);
     let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
     let bound = cfg.load_factor * mean + cfg.load_slack_tokens;
     let mean_inflight = scored.iter().map(|s| s.inflight).sum::<f64>() / scored.len().max(1) as f64;
@@ -201,48 +180,9 @@ pub fn choose(
         s.cost = cfg.load_weight * s.queued - prefix_weight * cached as f64;
     }
     if placed_by_share {
-        let share_bound = cfg.share_factor * mean_recent + cfg.share_slack;
-        for s in &mut scored {
-            let exempt = short && Some(s.replica) == home;
-            s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
-        }
-        // The share balances the turns to come; it makes this request wait
-        // at most `share_wait_tokens` for it. A replica past its share whose
-        // queue is shorter, by more than that, than every replica within its
-        // share is not skipped: with prompts of very different lengths
-        // (one-shot requests), equal request counts are unequal work, and
-        // skipping the short queue would put the request behind a longer one.
-        // Only a queue that ends requests at their first byte
-        // (`Leases::first_byte`) is trusted to be short: one that ends them
-        // at an estimate reads short while it is not, and trusting it piled
-        // requests onto such replicas. A prompt with nothing past its opening
-        // keeps the rule above (no replica past its share but its key's home
-        // takes it): those chase short queues.
-        let shortest_within = scored
-            .iter()
-            .filter(|s| !s.overloaded && !s.over_share)
-            .map(|s| s.queued)
-            .fold(f64::INFINITY, f64::min);
-        for s in &mut scored {
-            let waits_less =
-                s.first_byte && !short && s.queued + cfg.share_wait_tokens < shortest_within;
-            s.over_share &= !waits_less;
-            s.overloaded |= s.over_share;
-        }
+        bound_shares(&mut scored, cfg, mean_recent, short, home);
     }
-    let best = scored
-        .iter()
-        .filter(|s| !s.overloaded)
-        .map(|s| s.cost)
-        .fold(f64::INFINITY, f64::min);
-    let best = if best.is_finite() {
-        best
-    } else {
-        scored.iter().map(|s| s.cost).fold(f64::INFINITY, f64::min)
-    };
-    for s in &mut scored {
-        s.tied = s.cost <= best + cfg.tie_tokens;
-    }
+    mark_ties(&mut scored, cfg.tie_tokens);
     let rank = |a: &Scored, b: &Scored| {
         a.overloaded
             .cmp(&b.overloaded)
@@ -276,29 +216,12 @@ pub fn choose(
     }
     scored[..=head].sort_unstable_by(rank);
     // A replica that would have won on cost was skipped for share.
-    let skipped = scored
-        .iter()
-        .any(|s| s.over_share && s.cost < scored[0].cost - cfg.tie_tokens);
-    let pick = match (
-        scored.first(),
-        scored.iter().find(|s| Some(s.replica) == home),
-    ) {
-        _ if skipped => "share",
-        (Some(chosen), Some(home)) if chosen.replica != home.replica => {
-            if chosen.cached > home.cached {
-                "prefix"
-            } else if home.over_share
-                || (new_conversation && !client_key && chosen.recent < home.recent)
-            {
-                "share"
-            } else if home.overloaded {
-                "load_guard"
-            } else {
-                "load"
-            }
-        }
-        _ => "key",
-    };
+    let pick = pick(
+        &scored,
+        home,
+        cfg.tie_tokens,
+        new_conversation && !client_key,
+    );
     ReplicaChoice {
         pick,
         cached_tokens: scored.first().map_or(0, |s| s.cached),
@@ -312,6 +235,123 @@ pub fn choose(
                 .collect(),
         )
         .expect("a candidate fleet has a ready replica"),
+    }
+}
+
+/// Each ready replica's load and cached prefix, before any cost.
+fn score(
+    fleet: &Fleet,
+    cand: &CandidateFleet,
+    key: &RouteKey<'_>,
+    cfg: &ReplicaChoiceConfig,
+) -> SmallVec<[Scored; Matches::SLOTS]> {
+    // On the stack: a fleet has at most `Matches::SLOTS` replicas.
+    let mut scored: SmallVec<[Scored; Matches::SLOTS]> = SmallVec::new();
+    scored.extend(cand.ready.iter().map(|r| {
+        let load = &fleet.replicas[r.replica].load;
+        let queued = load.pending_prefill() as f64
+            + f64::from(load.engine_waiting()) * cfg.engine_queue_tokens;
+        let cached = cached_tokens(r.matched, key);
+        Scored {
+            replica: r.replica,
+            overloaded: load.inflight() >= fleet.capacity.max_inflight,
+            inflight: f64::from(load.inflight()),
+            queued,
+            cost: 0.0,
+            tied: false,
+            unit: r.unit,
+            cached,
+            own: r.matched.saturating_sub(key.opening_blocks),
+            over_share: false,
+            recent: load.recent(),
+            first_byte: load.first_byte_reported(),
+        }
+    }));
+    scored
+}
+
+/// New conversations: a replica past its share of recent requests counts as
+/// overloaded, unless it is the key's home of a short prompt or its queue is
+/// shorter, by more than `share_wait_tokens`, than every one within its share.
+fn bound_shares(
+    scored: &mut [Scored],
+    cfg: &ReplicaChoiceConfig,
+    mean_recent: f64,
+    short: bool,
+    home: Option<ReplicaId>,
+) {
+    let share_bound = cfg.share_factor * mean_recent + cfg.share_slack;
+    for s in scored.iter_mut() {
+        let exempt = short && Some(s.replica) == home;
+        s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
+    }
+    // The share balances the turns to come; it makes this request wait
+    // at most `share_wait_tokens` for it. A replica past its share whose
+    // queue is shorter, by more than that, than every replica within its
+    // share is not skipped: with prompts of very different lengths
+    // (one-shot requests), equal request counts are unequal work, and
+    // skipping the short queue would put the request behind a longer one.
+    // Only a queue that ends requests at their first byte
+    // (`Leases::first_byte`) is trusted to be short: one that ends them
+    // at an estimate reads short while it is not, and trusting it piled
+    // requests onto such replicas. A prompt with nothing past its opening
+    // keeps the rule above (no replica past its share but its key's home
+    // takes it): those chase short queues.
+    let shortest_within = scored
+        .iter()
+        .filter(|s| !s.overloaded && !s.over_share)
+        .map(|s| s.queued)
+        .fold(f64::INFINITY, f64::min);
+    for s in scored.iter_mut() {
+        let waits_less =
+            s.first_byte && !short && s.queued + cfg.share_wait_tokens < shortest_within;
+        s.over_share &= !waits_less;
+        s.overloaded |= s.over_share;
+    }
+}
+
+/// Replicas within `tie_tokens` of the best cost among those not overloaded
+/// (of all, when every one is) are tied.
+fn mark_ties(scored: &mut [Scored], tie_tokens: f64) {
+    let best = scored
+        .iter()
+        .filter(|s| !s.overloaded)
+        .map(|s| s.cost)
+        .fold(f64::INFINITY, f64::min);
+    let best = if best.is_finite() {
+        best
+    } else {
+        scored.iter().map(|s| s.cost).fold(f64::INFINITY, f64::min)
+    };
+    for s in scored.iter_mut() {
+        s.tied = s.cost <= best + tie_tokens;
+    }
+}
+
+/// Why the first of `scored` was chosen over the key's `home`. `by_recent`:
+/// a new conversation whose ties go to the fewest recent requests.
+fn pick(scored: &[Scored], home: Option<ReplicaId>, tie_tokens: f64, by_recent: bool) -> Pick {
+    // A replica that would have won on cost was skipped for share.
+    let skipped = scored
+        .iter()
+        .any(|s| s.over_share && s.cost < scored[0].cost - tie_tokens);
+    match (
+        scored.first(),
+        scored.iter().find(|s| Some(s.replica) == home),
+    ) {
+        _ if skipped => Pick::Share,
+        (Some(chosen), Some(home)) if chosen.replica != home.replica => {
+            if chosen.cached > home.cached {
+                Pick::Prefix
+            } else if home.over_share || (by_recent && chosen.recent < home.recent) {
+                Pick::Share
+            } else if home.overloaded {
+                Pick::LoadGuard
+            } else {
+                Pick::Load
+            }
+        }
+        _ => Pick::Key,
     }
 }
 

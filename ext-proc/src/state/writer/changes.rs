@@ -109,34 +109,7 @@ impl Writer {
                 stage,
                 fleet,
                 weight,
-            } => {
-                let mut cfg = (*self.config).clone();
-                let s = stage_index(&cfg, &stage)?;
-                let st = &mut cfg.stages[s];
-                let RoutingConfig::Weighted(w) = &mut st.routing else {
-                    return Err(ChangeError::Conflict(format!(
-                        "stage '{stage}' uses the {} policy; weights apply to the weighted policy",
-                        st.routing.policy().name()
-                    )));
-                };
-                if !st.fleets.iter().any(|f| f.name == fleet) {
-                    return Err(ChangeError::Unknown(format!(
-                        "fleet '{fleet}' is not in stage '{stage}'"
-                    )));
-                }
-                let weights = &mut w.weights;
-                let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
-                // Unlisted fleets weigh 1; with every weight 0 nothing routes.
-                if st.fleets.iter().all(|f| weights.get(&f.name) == Some(&0.0)) {
-                    return Err(ChangeError::Conflict(format!(
-                        "stage '{stage}' would have no fleet with a weight above 0"
-                    )));
-                }
-                self.commit(cfg, now)?;
-                Ok(format!(
-                    "stage '{stage}': weight of fleet '{fleet}' {old} -> {weight} (others unchanged)"
-                ))
-            }
+            } => self.set_weight(stage, fleet, weight, now),
             Change::Scale { fleet, min, max } => {
                 let mut cfg = (*self.config).clone();
                 let f = cfg
@@ -172,55 +145,100 @@ impl Writer {
                 name,
                 patch,
                 remove,
-            } => {
-                let mut cfg = (*self.config).clone();
-                let named = &mut cfg.tenants.named;
-                let old = named.get(&name).cloned();
-                let was = old.as_ref().unwrap_or(&cfg.tenants.default).to_string();
-                let after = if remove {
-                    if named.remove(&name).is_none() {
-                        return Err(ChangeError::Unknown(format!(
-                            "tenant '{name}' has no entry in tenants.named"
-                        )));
-                    }
-                    format!("default limits ({})", cfg.tenants.default)
-                } else {
-                    let mut l = old.unwrap_or_else(|| cfg.tenants.default.clone());
-                    patch.apply(&mut l);
-                    let text = l.to_string();
-                    named.insert(name.clone(), l);
-                    text
-                };
-                self.commit(cfg, now)?;
-                Ok(format!("tenant '{name}': {was} -> {after}"))
+            } => self.set_tenant(name, patch, remove, now),
+            Change::Drain { replica, drain } => self.set_draining(replica, drain),
+        }
+    }
+
+    fn set_weight(
+        &mut self,
+        stage: String,
+        fleet: String,
+        weight: f64,
+        now: Instant,
+    ) -> Result<String, ChangeError> {
+        let mut cfg = (*self.config).clone();
+        let s = stage_index(&cfg, &stage)?;
+        let st = &mut cfg.stages[s];
+        let RoutingConfig::Weighted(w) = &mut st.routing else {
+            return Err(ChangeError::Conflict(format!(
+                "stage '{stage}' uses the {} policy; weights apply to the weighted policy",
+                st.routing.policy().name()
+            )));
+        };
+        if !st.fleets.iter().any(|f| f.name == fleet) {
+            return Err(ChangeError::Unknown(format!(
+                "fleet '{fleet}' is not in stage '{stage}'"
+            )));
+        }
+        let weights = &mut w.weights;
+        let old = weights.insert(fleet.clone(), weight).unwrap_or(1.0);
+        // Unlisted fleets weigh 1; with every weight 0 nothing routes.
+        if st.fleets.iter().all(|f| weights.get(&f.name) == Some(&0.0)) {
+            return Err(ChangeError::Conflict(format!(
+                "stage '{stage}' would have no fleet with a weight above 0"
+            )));
+        }
+        self.commit(cfg, now)?;
+        Ok(format!(
+            "stage '{stage}': weight of fleet '{fleet}' {old} -> {weight} (others unchanged)"
+        ))
+    }
+
+    fn set_tenant(
+        &mut self,
+        name: String,
+        patch: TenantPatch,
+        remove: bool,
+        now: Instant,
+    ) -> Result<String, ChangeError> {
+        let mut cfg = (*self.config).clone();
+        let named = &mut cfg.tenants.named;
+        let old = named.get(&name).cloned();
+        let was = old.as_ref().unwrap_or(&cfg.tenants.default).to_string();
+        let after = if remove {
+            if named.remove(&name).is_none() {
+                return Err(ChangeError::Unknown(format!(
+                    "tenant '{name}' has no entry in tenants.named"
+                )));
             }
-            Change::Drain { replica, drain } => {
-                let mut found = Vec::new();
-                for (f, fleet) in self.topo.fleets.iter().enumerate() {
-                    if let Some(r) = fleet.replica_index(&replica)
-                        && let Some(m) = self.fleets[f].replicas.get_mut(r)
-                    {
-                        m.draining = drain;
-                        found.push(fleet.name.clone());
-                    }
-                }
-                if found.is_empty() {
-                    return Err(ChangeError::Unknown(format!(
-                        "no replica at '{replica}' in any fleet"
-                    )));
-                }
-                self.dirty = true;
-                let verb = if drain {
-                    "draining (no new requests; in-flight ones finish)"
-                } else {
-                    "back in rotation"
-                };
-                Ok(format!(
-                    "replica {replica} in fleet {}: {verb}",
-                    found.join(", ")
-                ))
+            format!("default limits ({})", cfg.tenants.default)
+        } else {
+            let mut l = old.unwrap_or_else(|| cfg.tenants.default.clone());
+            patch.apply(&mut l);
+            let text = l.to_string();
+            named.insert(name.clone(), l);
+            text
+        };
+        self.commit(cfg, now)?;
+        Ok(format!("tenant '{name}': {was} -> {after}"))
+    }
+
+    fn set_draining(&mut self, replica: String, drain: bool) -> Result<String, ChangeError> {
+        let mut found = Vec::new();
+        for (f, fleet) in self.topo.fleets.iter().enumerate() {
+            if let Some(r) = fleet.replica_index(&replica)
+                && let Some(m) = self.fleets[f].replicas.get_mut(r)
+            {
+                m.draining = drain;
+                found.push(fleet.name.clone());
             }
         }
+        if found.is_empty() {
+            return Err(ChangeError::Unknown(format!(
+                "no replica at '{replica}' in any fleet"
+            )));
+        }
+        self.dirty = true;
+        let verb = if drain {
+            "draining (no new requests; in-flight ones finish)"
+        } else {
+            "back in rotation"
+        };
+        Ok(format!(
+            "replica {replica} in fleet {}: {verb}",
+            found.join(", ")
+        ))
     }
 
     /// Validates a whole edited config and swaps it in.

@@ -25,7 +25,7 @@ pub(super) fn routed(m: &Metrics, topo: &Topology, r: &Routed) {
         .get_or_create(&StageFleetArm {
             stage: stage.name.clone(),
             fleet: fleet.name.clone(),
-            arm: r.arm.to_string(),
+            arm: r.arm.as_str().to_string(),
         })
         .inc();
     if let Some(s) = r.shadow.and_then(|s| topo.fleets.by_id(s)) {

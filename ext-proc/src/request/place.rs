@@ -1,16 +1,15 @@
 //! A decision put into effect: decide, admit the tenant on the chosen
 //! fleet, start the chosen replica's load accounting, and tell the writer
-//! (prefix index, metrics, debug log). The ext_proc stream and the trace
-//! replay both route through here.
+//! (prefix index, metrics, debug log).
 
 use std::sync::Arc;
 
-use super::key::RouteKey;
-use super::{Decision, Reject, admit, decide};
+use super::audit::rejected;
+use super::tenant;
+use crate::route::key::RouteKey;
+use crate::route::{Decision, Reject, decide};
 use crate::state::{Decided, Event, Routed, Shared, Snapshot};
-use crate::tenancy::audit::AuditRecord;
 use crate::tenancy::charge::Charge;
-use crate::tenancy::clock::{self, Clock};
 use crate::topology::load::RequestGuard;
 
 pub struct Placed {
@@ -75,7 +74,7 @@ pub async fn admit_and_commit(
     decision: Decision,
     key: RouteKey<'_>,
 ) -> Result<Placed, Reject> {
-    let charge = match admit::admit(shared, &snapshot, &decision, &key).await {
+    let charge = match tenant::admit(shared, &snapshot, &decision, &key).await {
         Ok(c) => c,
         Err(reject) => {
             rejected(shared, &snapshot, Some(&decision), &key, &reject);
@@ -93,8 +92,8 @@ pub async fn admit_and_commit(
         stage: decision.stage,
         fleet: decision.fleet,
         replica: *decision.replicas.head(),
-        key_source: key.key_source.map_or("none", |s| s.as_str()),
-        arm: decision.arm.as_str(),
+        key_source: key.key_source,
+        arm: decision.arm,
         pick: decision.pick,
         shadow: decision.shadow,
         prompt_tokens: u64::from(key.prompt_tokens),
@@ -109,87 +108,4 @@ pub async fn admit_and_commit(
         guard,
         charge,
     })
-}
-
-fn rejected(
-    shared: &Shared,
-    snap: &Snapshot,
-    d: Option<&Decision>,
-    key: &RouteKey<'_>,
-    reject: &Reject,
-) {
-    shared.emit(Event::Rejected {
-        stage: reject.stage().unwrap_or_default().to_string(),
-        reason: reject.code(),
-    });
-    refused(shared, snap, d, key, reject);
-}
-
-/// The audit record of a request class admission refused (`overloaded`,
-/// with its rule as the reason): like any refusal, before a fleet took it.
-pub fn audit_overloaded(shared: &Shared, key: &RouteKey<'_>, stage: &str, rule: &str) {
-    if !shared.tenants.auditing() {
-        return;
-    }
-    shared.tenants.audit(AuditRecord {
-        time: clock::rfc3339_ms(Clock::real().now_ms()),
-        request_id: key.request_id.to_string(),
-        tenant: shared.tenants.ledger().tenant(&key.tenant).id.to_string(),
-        model_requested: key.model.unwrap_or("").to_string(),
-        stage: stage.to_string(),
-        reason: rule.to_string(),
-        admission: "overloaded".to_string(),
-        status: 429,
-        ..Default::default()
-    });
-}
-
-/// The audit record of a request fleetroute answered itself.
-fn refused(
-    shared: &Shared,
-    snap: &Snapshot,
-    d: Option<&Decision>,
-    key: &RouteKey<'_>,
-    reject: &Reject,
-) {
-    if !shared.tenants.auditing() {
-        return;
-    }
-    let topo = &snap.topo;
-    let tenant = shared.tenants.ledger().tenant(&key.tenant).id.to_string();
-    let (admission, fleet, replica, policy, reason) = match d {
-        // Past the decision: the tenant's limit refused it.
-        Some(d) => {
-            let f = &topo.fleets[d.fleet];
-            (
-                reject.code().to_string(),
-                f.name.clone(),
-                f.replicas[*d.replicas.head()].addr.clone(),
-                topo.stages[d.stage].routing.policy().name().to_string(),
-                admit::reason(snap, d).to_string(),
-            )
-        }
-        None => (
-            "not_routed".to_string(),
-            String::new(),
-            String::new(),
-            String::new(),
-            reject.code().to_string(),
-        ),
-    };
-    shared.tenants.audit(AuditRecord {
-        time: clock::rfc3339_ms(Clock::real().now_ms()),
-        request_id: key.request_id.to_string(),
-        tenant,
-        model_requested: key.model.unwrap_or("").to_string(),
-        model_served: String::new(),
-        stage: reject.stage().unwrap_or("").to_string(),
-        fleet,
-        replica,
-        policy,
-        reason,
-        admission,
-        status: reject.status(),
-        ..Default::default()
-    });
 }

@@ -6,9 +6,9 @@
 
 use std::time::Duration;
 
-use super::key::RouteKey;
-use super::{Decision, Reject};
 use crate::config::TenantLimits;
+use crate::route::key::RouteKey;
+use crate::route::{Decision, Reject};
 use crate::state::figures::usd_per_mtok;
 use crate::state::{Shared, Snapshot};
 use crate::tenancy::charge::{AuditContext, Charge};

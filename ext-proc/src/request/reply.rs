@@ -1,9 +1,14 @@
-//! A decision as Envoy needs it: the cluster header for the route, the host
-//! list for the override-host policy, the tag the access log carries back,
-//! and for some fleets the model's own name and the fleet's own key. Or a
-//! rejection, or the model list, as an immediate JSON response.
+//! Every answer fleetroute gives Envoy for a request. A decision as Envoy
+//! needs it: the cluster header for the route, the host list for the
+//! override-host policy, the tag the access log carries back, and for some
+//! fleets the model's own name and the fleet's own key. Or an immediate JSON
+//! response: a rejection, admission's 429 and 400, the model list. Or the
+//! timer extension a held request needs (Envoy's ext_proc otherwise gives up
+//! on a reply after its `message_timeout`, 200 ms, and with
+//! `failure_mode_allow` routes the request past fleetroute).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::ProcessingMode;
@@ -19,7 +24,9 @@ use envoy_types::pb::envoy::r#type::v3::HttpStatus;
 use envoy_types::pb::google::protobuf::{Struct, Value, value::Kind};
 use fleetroute_filter::contract::{self, RouteTag};
 
-use super::{Decision, Reject};
+use crate::admission::class::BadPriority;
+use crate::admission::judge::{Reason, Refusal};
+use crate::route::{Decision, Reject};
 use crate::topology::Topology;
 
 /// Client headers that may carry the client's own credentials: a fleet with
@@ -192,28 +199,19 @@ pub fn reject(r: &Reject) -> ProcessingResponse {
     let body = serde_json::json!({
         "error": { "message": r.message(), "type": r.kind(), "param": null, "code": r.code() }
     });
-    let mut set_headers = vec![header("content-type", "application/json".into())];
+    let mut set_headers = vec![("content-type", "application/json".to_string())];
     if let Some(s) = r.retry_after_s() {
-        set_headers.push(header("retry-after", s.to_string()));
+        set_headers.push(("retry-after", s.to_string()));
     }
     if r.status() == 401 {
-        set_headers.push(header("www-authenticate", "Bearer".into()));
+        set_headers.push(("www-authenticate", "Bearer".into()));
     }
-    ProcessingResponse {
-        response: Some(Response::ImmediateResponse(ImmediateResponse {
-            status: Some(HttpStatus {
-                code: i32::from(r.status()),
-            }),
-            headers: Some(HeaderMutation {
-                set_headers,
-                remove_headers: Vec::new(),
-            }),
-            body: body.to_string().into_bytes(),
-            details: format!("fleetroute_{}", r.code()),
-            ..Default::default()
-        })),
-        ..Default::default()
-    }
+    immediate(
+        r.status(),
+        set_headers,
+        body.to_string(),
+        format!("fleetroute_{}", r.code()),
+    )
 }
 
 /// The reply that lets a request through unchanged (requests ext-proc is not
@@ -248,6 +246,104 @@ pub fn continue_unchanged(request: &Request) -> ProcessingResponse {
     };
     ProcessingResponse {
         response: Some(response),
+        ..Default::default()
+    }
+}
+
+/// What a held request's hold adds to Envoy's timer: time for the last
+/// decision and its reply to travel.
+pub const TIMER_MARGIN: Duration = Duration::from_millis(500);
+
+fn immediate(
+    status: u16,
+    headers: Vec<(&str, String)>,
+    body: String,
+    details: String,
+) -> ProcessingResponse {
+    ProcessingResponse {
+        response: Some(Response::ImmediateResponse(ImmediateResponse {
+            status: Some(HttpStatus {
+                code: i32::from(status),
+            }),
+            headers: Some(HeaderMutation {
+                set_headers: headers.into_iter().map(|(k, v)| header(k, v)).collect(),
+                remove_headers: Vec::new(),
+            }),
+            body: body.into_bytes(),
+            details,
+            ..Default::default()
+        })),
+        ..Default::default()
+    }
+}
+
+pub fn message(stage: &str, r: &Refusal) -> String {
+    let class = r.class.as_str();
+    match r.reason {
+        Reason::Saturated => format!(
+            "stage '{stage}' is overloaded: every fleet is saturated and {class} requests are shed"
+        ),
+        Reason::Reserved => {
+            format!("stage '{stage}' is overloaded: its capacity is kept for classes above {class}")
+        }
+        Reason::QueueFull => {
+            format!("stage '{stage}' is overloaded: the queue for {class} requests is full")
+        }
+        Reason::Objective => format!(
+            "stage '{stage}' is overloaded: a {class} request cannot get its first token within its objective, even by waiting"
+        ),
+        Reason::TimedOut => format!(
+            "stage '{stage}' is overloaded: a {class} request waited as long as its objective allows"
+        ),
+    }
+}
+
+/// The 429 of a refusal: `{"error": {"code": "overloaded", "reason", "class", ...}}`
+/// with `retry-after`.
+pub fn refused(stage: &str, r: &Refusal) -> ProcessingResponse {
+    let body = serde_json::json!({
+        "error": {
+            "message": message(stage, r),
+            "type": "overloaded_error",
+            "code": "overloaded",
+            "reason": r.reason.as_str(),
+            "class": r.class.as_str(),
+        }
+    });
+    immediate(
+        429,
+        vec![
+            ("content-type", "application/json".into()),
+            ("retry-after", r.retry_after_s.to_string()),
+        ],
+        body.to_string(),
+        format!("fleetroute_overloaded_{}", r.reason.as_str()),
+    )
+}
+
+/// The 400 of a priority header that names no class.
+pub fn bad_priority(b: &BadPriority) -> ProcessingResponse {
+    let body = serde_json::json!({
+        "error": { "message": b.message(), "type": "invalid_request_error", "code": "invalid_priority" }
+    });
+    immediate(
+        400,
+        vec![("content-type", "application/json".into())],
+        body.to_string(),
+        "fleetroute_invalid_priority".into(),
+    )
+}
+
+/// The message that extends Envoy's timer for a held request to `hold`
+/// plus [`TIMER_MARGIN`]. Envoy takes one per message and caps it at the
+/// filter's `max_message_timeout` (the bootstrap sets it).
+pub fn extend_timer(hold: Duration) -> ProcessingResponse {
+    let t = hold + TIMER_MARGIN;
+    ProcessingResponse {
+        override_message_timeout: Some(envoy_types::pb::google::protobuf::Duration {
+            seconds: t.as_secs() as i64,
+            nanos: t.subsec_nanos() as i32,
+        }),
         ..Default::default()
     }
 }

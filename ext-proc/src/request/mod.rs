@@ -1,0 +1,291 @@
+//! A request's path through fleetroute, in order: its headers read into a
+//! key (the filter parsed the body), its tenant named by the configured
+//! identity source, the pure decision (`route`), class admission
+//! (`admission`), the tenant's limits on the chosen fleet ([`tenant`]), the
+//! decision committed ([`place`]: load counted, the writer told), its load
+//! held under a lease, and the reply ([`reply`]). The ext_proc stream
+//! (`stream.rs`) is only its transport. The trace replay runs [`admit`] and
+//! [`release`] on the same decisions with its simulated clock.
+
+pub mod audit;
+pub mod place;
+pub mod reply;
+pub mod tenant;
+
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, Metadata};
+use envoy_types::pb::envoy::service::ext_proc::v3::{HttpHeaders, ProcessingResponse};
+use tracing::Instrument;
+
+use crate::admission::class::BadPriority;
+use crate::admission::judge::Refusal;
+use crate::admission::{Admission, Judged, Retried, Ticket};
+use crate::decision_trace::DecisionSpan;
+use crate::route::{Decision, Reject, key::RouteKey};
+use crate::state::lease::LeaseInput;
+use crate::state::{Shared, Snapshot};
+use crate::tenancy::identity::tenant as identify;
+use place::{Placed, admit_and_commit, decide_on};
+
+/// What the request path answers a request's headers with.
+pub enum Answer<'a> {
+    Now(Reply),
+    /// Admission holds it: try again at its ticket's turns.
+    Held(Held<'a>),
+}
+
+/// Envoy's answer and, when it routed the request, the nonce its lease is
+/// held by (the stream's later messages report on that request).
+pub struct Reply {
+    pub response: ProcessingResponse,
+    pub nonce: Option<u64>,
+}
+
+impl From<ProcessingResponse> for Reply {
+    fn from(response: ProcessingResponse) -> Self {
+        Reply {
+            response,
+            nonce: None,
+        }
+    }
+}
+
+/// A request admission holds, with its key for the next try.
+pub struct Held<'a> {
+    pub ticket: Ticket,
+    pub key: RouteKey<'a>,
+}
+
+/// What class admission and the tenant's limits made of a decision.
+pub enum Admitted<'a> {
+    /// Committed: its load counts from now.
+    Placed(Placed, Asked<'a>),
+    /// The tenant's limits refused it on the chosen fleet (counted, audited).
+    Rejected(Reject),
+    /// Class admission refused it (audited).
+    Overloaded {
+        stage: String,
+        refusal: Refusal,
+    },
+    Held(Held<'a>),
+    /// The priority header names no class.
+    Invalid(BadPriority),
+}
+
+/// What the client asked for that its answer needs after the key is spent.
+#[derive(Clone, Copy)]
+pub struct Asked<'a> {
+    max_tokens: Option<u32>,
+    model: Option<&'a str>,
+}
+
+impl<'a> Asked<'a> {
+    fn of(key: &RouteKey<'a>) -> Self {
+        Asked {
+            max_tokens: key.max_tokens,
+            model: key.model,
+        }
+    }
+}
+
+/// Decides one request from its headers: the fleet and replica, then
+/// admission (its class on the stage, then its tenant's limits on the
+/// chosen fleet), then its lease and reply.
+pub async fn route_request<'a>(
+    shared: &Shared,
+    admission: &Admission,
+    headers: &'a HttpHeaders,
+    metadata: Option<&'a Metadata>,
+) -> Answer<'a> {
+    let Some(map) = headers.headers.as_ref() else {
+        return Answer::Now(reply::pass().into());
+    };
+    if !crate::state::readiness::deciding(shared) {
+        // Not ready yet: what Envoy does when no instance answers.
+        shared.metrics.control.before_ready.inc();
+        return Answer::Now(reply::pass().into());
+    }
+    let trace = DecisionSpan::start();
+    let mut key = RouteKey::from_headers(map);
+    if key.list_models {
+        return Answer::Now(reply::model_list(&shared.snapshot().topo).into());
+    }
+    // Who the tenant is, by the configured source only.
+    let identity = &shared.snapshot().topo.identity;
+    let typed = std::mem::take(&mut key.tenant);
+    match identify(identity, typed, key.key_hash, metadata) {
+        Ok(tenant) => key.tenant = tenant,
+        Err(why) => {
+            shared.metrics.tenants.unidentified.inc(why);
+            let reject = Reject::Unidentified(why);
+            trace.rejected(&reject);
+            return Answer::Now(reply::reject(&reject).into());
+        }
+    }
+    key.spread_anonymous(fastrand::u64(..));
+    let decided = {
+        let _entered = trace.span().enter();
+        decide_on(shared, &key, fastrand::u64(..))
+    };
+    let (snapshot, decision) = match decided {
+        Ok(d) => d,
+        Err(reject) => {
+            trace.rejected(&reject);
+            return Answer::Now(reply::reject(&reject).into());
+        }
+    };
+    let now = Instant::now();
+    let admitted = admit(shared, admission, snapshot, decision, key, map, now)
+        .instrument(trace.span().clone())
+        .await;
+    match admitted {
+        Admitted::Placed(p, asked) => {
+            trace.routed(&p.snapshot, &p.decision);
+            Answer::Now(routed(shared, p, asked, Duration::ZERO))
+        }
+        Admitted::Held(held) => Answer::Held(held),
+        other => {
+            if let Admitted::Rejected(reject) = &other {
+                trace.rejected(reject);
+            }
+            Answer::Now(answer(other).into())
+        }
+    }
+}
+
+/// Class admission, then the tenant's limits on the chosen fleet, then the
+/// commit: what a decision becomes.
+pub async fn admit<'a>(
+    shared: &Shared,
+    admission: &Admission,
+    snapshot: std::sync::Arc<Snapshot>,
+    decision: Decision,
+    key: RouteKey<'a>,
+    headers: &HeaderMap,
+    now: Instant,
+) -> Admitted<'a> {
+    match admission.judge(&shared.metrics, &snapshot, headers, &key, decision, now) {
+        Judged::Admit(decision) => commit(shared, snapshot, decision, key).await,
+        Judged::Refuse { stage, refusal } => overloaded(shared, &key, stage, refusal),
+        Judged::Hold(ticket) => Admitted::Held(Held { ticket, key }),
+        Judged::Invalid(bad) => Admitted::Invalid(bad),
+    }
+}
+
+/// One turn of a held request, on a new decision: released, it meets its
+/// tenant's limits like any other. `Err`: still held, with its ticket back.
+pub async fn release<'a>(
+    shared: &Shared,
+    admission: &Admission,
+    ticket: Ticket,
+    snapshot: std::sync::Arc<Snapshot>,
+    decision: Decision,
+    key: &mut RouteKey<'a>,
+    now: Instant,
+) -> Result<Admitted<'a>, Ticket> {
+    let stage = ticket.stage_name().to_string();
+    match admission.retry(ticket, &snapshot, key, decision, now) {
+        (_, Retried::Release(decision)) => {
+            Ok(commit(shared, snapshot, decision, std::mem::take(key)).await)
+        }
+        (_, Retried::Refuse(refusal)) => Ok(overloaded(shared, key, stage, refusal)),
+        (Some(t), Retried::Wait) => Err(t),
+        (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
+    }
+}
+
+async fn commit<'a>(
+    shared: &Shared,
+    snapshot: std::sync::Arc<Snapshot>,
+    decision: Decision,
+    key: RouteKey<'a>,
+) -> Admitted<'a> {
+    let asked = Asked::of(&key);
+    match admit_and_commit(shared, snapshot, decision, key).await {
+        Ok(p) => Admitted::Placed(p, asked),
+        Err(reject) => Admitted::Rejected(reject),
+    }
+}
+
+/// Class admission's refusal, written to the audit log like every answer.
+fn overloaded<'a>(
+    shared: &Shared,
+    key: &RouteKey<'_>,
+    stage: String,
+    refusal: Refusal,
+) -> Admitted<'a> {
+    audit::audit_overloaded(shared, key, &stage, refusal.reason.as_str());
+    Admitted::Overloaded { stage, refusal }
+}
+
+/// The immediate answer of a request that was not placed.
+fn answer(a: Admitted<'_>) -> ProcessingResponse {
+    match a {
+        Admitted::Rejected(reject) => reply::reject(&reject),
+        Admitted::Overloaded { stage, refusal } => reply::refused(&stage, &refusal),
+        Admitted::Invalid(bad) => reply::bad_priority(&bad),
+        Admitted::Placed(..) | Admitted::Held(_) => {
+            unreachable!("placed and held requests are answered by their callers")
+        }
+    }
+}
+
+/// Holds a decision's load (and its tenant's charge) under its lease and
+/// answers Envoy. `held`: how long admission held it.
+fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> Reply {
+    // The access log entry ends the lease (and commits the tenant's charge)
+    // by this nonce, which only fleetroute writes (a client can send any
+    // x-request-id).
+    let d = &p.decision;
+    let input = LeaseInput {
+        prefill_tokens: d.uncached_tokens + d.queued_tokens,
+        max_tokens: asked.max_tokens,
+        prefill_ms_per_k: p.snapshot.fleets[d.fleet].figures.latency,
+        held,
+    };
+    let decided = p.decided();
+    let response = reply::route(
+        &p.snapshot.topo,
+        &p.decision,
+        p.nonce,
+        &shared.instance,
+        asked.model,
+    );
+    shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
+    Reply {
+        response,
+        nonce: Some(p.nonce),
+    }
+}
+
+/// One turn of a held request: decide again and ask admission. `Err`:
+/// still held, with its ticket back.
+pub async fn attempt(
+    shared: &Shared,
+    admission: &Admission,
+    key: &mut RouteKey<'_>,
+    ticket: Ticket,
+) -> Result<Reply, Ticket> {
+    let (snapshot, decision) = match decide_on(shared, key, fastrand::u64(..)) {
+        Ok(d) => d,
+        // No ready replica any more (or the stage went away): answered as
+        // any rejection; dropping the ticket leaves the queue.
+        Err(reject) => return Ok(reply::reject(&reject).into()),
+    };
+    let now = Instant::now();
+    let held = now.saturating_duration_since(ticket.arrived());
+    match release(shared, admission, ticket, snapshot, decision, key, now).await? {
+        Admitted::Placed(p, asked) => Ok(routed(shared, p, asked, held)),
+        other => Ok(answer(other).into()),
+    }
+}
+
+/// A held request given up (its deadline, an eviction, a shutdown): its
+/// 429, audited.
+pub fn give_up(shared: &Shared, held: Held<'_>, now: Instant) -> Reply {
+    let Held { ticket, key } = held;
+    let stage = ticket.stage_name().to_string();
+    let refusal = ticket.refuse(now);
+    answer(overloaded(shared, &key, stage, refusal)).into()
+}
