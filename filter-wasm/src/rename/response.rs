@@ -10,6 +10,8 @@
 
 use memchr::{memchr, memchr3};
 
+mod skip;
+
 pub use super::output::Emit;
 use super::output::Out;
 use super::{MAX_MODEL_VALUE, json_string};
@@ -38,6 +40,13 @@ impl Format {
 
 const KEY: &[u8] = b"model";
 const DATA: &[u8] = b"data:";
+
+/// Whether the scan of a chunk goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    Next,
+    Stop,
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -188,219 +197,23 @@ impl ModelRewriter {
                     Format::Json => {}
                 }
             }
-            match self.state {
-                State::Done => break,
-                State::LineStart => {
-                    self.state = match b {
-                        b'd' => State::Prefix(1),
-                        b'\n' => State::LineStart,
-                        _ => State::SkipLine,
-                    };
-                    i += 1;
+            let step = match self.state {
+                State::Done => Step::Stop,
+                State::LineStart | State::Prefix(_) | State::SkipLine => self.sse(chunk, b, &mut i),
+                State::Before
+                | State::Key
+                | State::KeyName { .. }
+                | State::Colon { .. }
+                | State::AfterValue => self.structure(b, &mut i),
+                State::Value { .. } | State::ModelString { .. } => {
+                    self.model_value(chunk, b, &mut i, &mut value_at, &mut out)
                 }
-                State::Prefix(n) => {
-                    let n = usize::from(n);
-                    self.state = if DATA.get(n) != Some(&b) {
-                        State::SkipLine
-                    } else if n + 1 == DATA.len() {
-                        State::Before
-                    } else {
-                        State::Prefix(n as u8 + 1)
-                    };
-                    i += 1;
+                State::Str { .. } | State::Nested { .. } | State::Scalar => {
+                    self.skip_value(chunk, b, &mut i)
                 }
-                State::SkipLine => match memchr(b'\n', chunk.get(i..).unwrap_or_default()) {
-                    Some(k) => {
-                        i += k + 1;
-                        self.state = State::LineStart;
-                    }
-                    None => break,
-                },
-                State::Before => {
-                    i += 1;
-                    if b == b'{' {
-                        self.state = State::Key;
-                    } else if !is_ws(b) {
-                        self.state = self.past_object();
-                    }
-                }
-                State::Key => {
-                    i += 1;
-                    if b == b'"' {
-                        self.state = State::KeyName {
-                            matched: Some(0),
-                            escaped: false,
-                        };
-                    } else if !is_ws(b) {
-                        self.state = self.past_object();
-                    }
-                }
-                State::KeyName { matched, escaped } => {
-                    i += 1;
-                    self.state = match b {
-                        // An escape makes it some other key (engines write keys plainly).
-                        _ if escaped => State::KeyName {
-                            matched: None,
-                            escaped: false,
-                        },
-                        b'\\' => State::KeyName {
-                            matched: None,
-                            escaped: true,
-                        },
-                        b'"' => State::Colon {
-                            model: matched == Some(KEY.len() as u8),
-                        },
-                        _ => State::KeyName {
-                            matched: matched
-                                .filter(|&n| KEY.get(usize::from(n)) == Some(&b))
-                                .map(|n| n + 1),
-                            escaped: false,
-                        },
-                    };
-                }
-                State::Colon { model } => {
-                    i += 1;
-                    if b == b':' {
-                        self.state = State::Value { model };
-                    } else if !is_ws(b) {
-                        self.state = self.past_object();
-                    }
-                }
-                State::Value { model } => {
-                    if is_ws(b) {
-                        i += 1;
-                        continue;
-                    }
-                    self.state = match b {
-                        b'"' if model => {
-                            value_at = i;
-                            State::ModelString { escaped: false }
-                        }
-                        b'"' => State::Str { escaped: false },
-                        b'{' | b'[' => State::Nested {
-                            depth: 1,
-                            in_string: false,
-                            escaped: false,
-                        },
-                        _ => {
-                            self.state = State::Scalar;
-                            continue;
-                        }
-                    };
-                    i += 1;
-                }
-                State::ModelString { escaped } => {
-                    if self.held.len() + (i - value_at) >= MAX_MODEL_VALUE {
-                        // Too long to be a name: let it through as it is.
-                        self.release(&mut out, value_at);
-                        self.state = State::Str { escaped };
-                        continue;
-                    }
-                    if !escaped && b != b'"' && b != b'\\' {
-                        // Plain bytes up to the next quote, escape or newline
-                        // (within the bound), at once.
-                        let room = MAX_MODEL_VALUE - self.held.len() - (i - value_at);
-                        let end = chunk.len().min(i + room);
-                        let window = chunk.get(i..end).unwrap_or_default();
-                        i += memchr3(b'"', b'\\', b'\n', window).unwrap_or(window.len());
-                        continue;
-                    }
-                    i += 1;
-                    self.state = match b {
-                        _ if escaped => State::ModelString { escaped: false },
-                        b'\\' => State::ModelString { escaped: true },
-                        b'"' => {
-                            out.splice(value_at, &self.replacement, i);
-                            self.held.clear();
-                            self.renamed += 1;
-                            // One model per object: the rest of the event (or
-                            // body) passes unscanned.
-                            self.past_object()
-                        }
-                        _ => State::ModelString { escaped: false },
-                    };
-                }
-                State::Str { escaped: true } => {
-                    i += 1;
-                    self.state = State::Str { escaped: false };
-                }
-                State::Str { escaped: false } => match Self::string_stop(chunk, i) {
-                    None => i = chunk.len(),
-                    Some((k, b'"')) => {
-                        i = k + 1;
-                        self.state = State::AfterValue;
-                    }
-                    Some((k, b'\\')) => {
-                        i = k + 1;
-                        self.state = State::Str { escaped: true };
-                    }
-                    // A newline: handled at the top of the loop.
-                    Some((k, _)) => i = k,
-                },
-                State::Nested {
-                    depth,
-                    in_string: true,
-                    escaped,
-                } => {
-                    if escaped {
-                        i += 1;
-                        self.state = State::Nested {
-                            depth,
-                            in_string: true,
-                            escaped: false,
-                        };
-                        continue;
-                    }
-                    match Self::string_stop(chunk, i) {
-                        None => i = chunk.len(),
-                        Some((k, stop)) if stop != b'\n' => {
-                            i = k + 1;
-                            self.state = State::Nested {
-                                depth,
-                                in_string: stop == b'\\',
-                                escaped: stop == b'\\',
-                            };
-                        }
-                        Some((k, _)) => i = k,
-                    }
-                }
-                State::Nested { depth, .. } => {
-                    i += 1;
-                    self.state = match b {
-                        b'"' => State::Nested {
-                            depth,
-                            in_string: true,
-                            escaped: false,
-                        },
-                        b'{' | b'[' => State::Nested {
-                            depth: depth.saturating_add(1),
-                            in_string: false,
-                            escaped: false,
-                        },
-                        b'}' | b']' if depth <= 1 => State::AfterValue,
-                        b'}' | b']' => State::Nested {
-                            depth: depth - 1,
-                            in_string: false,
-                            escaped: false,
-                        },
-                        _ => self.state,
-                    };
-                }
-                State::Scalar => {
-                    if is_ws(b) || matches!(b, b',' | b'}' | b']') {
-                        self.state = State::AfterValue;
-                    } else {
-                        i += 1;
-                    }
-                }
-                State::AfterValue => {
-                    i += 1;
-                    if b == b',' {
-                        self.state = State::Key;
-                    } else if !is_ws(b) {
-                        self.state = self.past_object();
-                    }
-                }
+            };
+            if step == Step::Stop {
+                break;
             }
         }
         if matches!(self.state, State::ModelString { .. }) {
@@ -414,6 +227,110 @@ impl ModelRewriter {
             }
         }
         out.finish()
+    }
+
+    /// SSE framing: a line that starts with `data:` is scanned, any other skipped.
+    fn sse(&mut self, chunk: &[u8], b: u8, i: &mut usize) -> Step {
+        match self.state {
+            State::LineStart => {
+                self.state = match b {
+                    b'd' => State::Prefix(1),
+                    b'\n' => State::LineStart,
+                    _ => State::SkipLine,
+                };
+                *i += 1;
+            }
+            State::Prefix(n) => {
+                let n = usize::from(n);
+                self.state = if DATA.get(n) != Some(&b) {
+                    State::SkipLine
+                } else if n + 1 == DATA.len() {
+                    State::Before
+                } else {
+                    State::Prefix(n as u8 + 1)
+                };
+                *i += 1;
+            }
+            State::SkipLine => match memchr(b'\n', chunk.get(*i..).unwrap_or_default()) {
+                Some(k) => {
+                    *i += k + 1;
+                    self.state = State::LineStart;
+                }
+                None => return Step::Stop,
+            },
+            _ => {}
+        }
+        Step::Next
+    }
+
+    /// A member's value starts; the `model` string is held back until its
+    /// closing quote, then replaced.
+    fn model_value(
+        &mut self,
+        chunk: &[u8],
+        b: u8,
+        i: &mut usize,
+        value_at: &mut usize,
+        out: &mut Out<'_>,
+    ) -> Step {
+        match self.state {
+            State::Value { model } => {
+                if is_ws(b) {
+                    *i += 1;
+                    return Step::Next;
+                }
+                self.state = match b {
+                    b'"' if model => {
+                        *value_at = *i;
+                        State::ModelString { escaped: false }
+                    }
+                    b'"' => State::Str { escaped: false },
+                    b'{' | b'[' => State::Nested {
+                        depth: 1,
+                        in_string: false,
+                        escaped: false,
+                    },
+                    _ => {
+                        self.state = State::Scalar;
+                        return Step::Next;
+                    }
+                };
+                *i += 1;
+            }
+            State::ModelString { escaped } => {
+                if self.held.len() + (*i - *value_at) >= MAX_MODEL_VALUE {
+                    // Too long to be a name: let it through as it is.
+                    self.release(out, *value_at);
+                    self.state = State::Str { escaped };
+                    return Step::Next;
+                }
+                if !escaped && b != b'"' && b != b'\\' {
+                    // Plain bytes up to the next quote, escape or newline
+                    // (within the bound), at once.
+                    let room = MAX_MODEL_VALUE - self.held.len() - (*i - *value_at);
+                    let end = chunk.len().min(*i + room);
+                    let window = chunk.get(*i..end).unwrap_or_default();
+                    *i += memchr3(b'"', b'\\', b'\n', window).unwrap_or(window.len());
+                    return Step::Next;
+                }
+                *i += 1;
+                self.state = match b {
+                    _ if escaped => State::ModelString { escaped: false },
+                    b'\\' => State::ModelString { escaped: true },
+                    b'"' => {
+                        out.splice(*value_at, &self.replacement, *i);
+                        self.held.clear();
+                        self.renamed += 1;
+                        // One model per object: the rest of the event (or
+                        // body) passes unscanned.
+                        self.past_object()
+                    }
+                    _ => State::ModelString { escaped: false },
+                };
+            }
+            _ => {}
+        }
+        Step::Next
     }
 }
 
