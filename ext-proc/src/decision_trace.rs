@@ -33,7 +33,7 @@ impl DecisionSpan {
             rejected = Empty,
             elapsed_us = Empty,
         );
-        let start = (!span.is_disabled()).then(Instant::now);
+        let start = (!span.is_disabled()).then(crate::clock::now);
         DecisionSpan { span, start }
     }
 

@@ -1,5 +1,7 @@
 //! Parses the command line and dispatches to the modules that do the work.
 
+#![deny(clippy::too_many_lines, clippy::disallowed_methods)]
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;

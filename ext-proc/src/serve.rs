@@ -200,7 +200,7 @@ async fn report_health(shared: std::sync::Arc<crate::state::Shared>, health: Hea
     health
         .set_service_status("", ServingStatus::NotServing)
         .await;
-    while crate::admin::not_ready(&shared, std::time::Instant::now()).is_some() {
+    while crate::admin::not_ready(&shared, crate::clock::now()).is_some() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     shared.deciding.store(true, Ordering::Relaxed);

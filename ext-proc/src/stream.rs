@@ -5,7 +5,6 @@
 //! through the access log (`observe::access_log`), not through ext_proc.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
@@ -30,7 +29,7 @@ impl Service {
     pub fn new(shared: Arc<Shared>) -> Self {
         Service {
             shared,
-            admission: Arc::new(Admission::new(Instant::now())),
+            admission: Arc::new(Admission::new(crate::clock::now())),
         }
     }
 }
@@ -55,17 +54,17 @@ async fn hold(
             _ = inbound.message() => return None,
             // Stopping: answered now rather than held past the grace.
             () = shared.shutdown.reached(Phase::Closing) => {
-                return Some(give_up(shared, held, Instant::now()));
+                return Some(give_up(shared, held, crate::clock::now()));
             }
             _ = tokio::time::sleep_until(deadline) => {
-                return Some(give_up(shared, held, Instant::now()));
+                return Some(give_up(shared, held, crate::clock::now()));
             }
             _ = held.ticket.turn() => {}
         }
         if held.ticket.evicted() {
-            return Some(give_up(shared, held, Instant::now()));
+            return Some(give_up(shared, held, crate::clock::now()));
         }
-        if !held.ticket.is_head(Instant::now()) {
+        if !held.ticket.is_head(crate::clock::now()) {
             continue;
         }
         let Held { ticket, mut key } = held;
@@ -129,7 +128,7 @@ impl ExternalProcessor for Service {
                                 let bound = held
                                     .ticket
                                     .deadline()
-                                    .saturating_duration_since(Instant::now());
+                                    .saturating_duration_since(crate::clock::now());
                                 if tx.send(Ok(reply::extend_timer(bound))).await.is_err() {
                                     break;
                                 }

@@ -5,6 +5,7 @@
 //! A panic or a failed allocation inside Envoy's Wasm VM traps and kills the VM
 //! for every request of the worker, so code outside tests may not panic: no
 //! unwrap, expect, panic, unchecked indexing or slicing.
+#![deny(clippy::too_many_lines)] // a function reads on one screen
 #![cfg_attr(
     not(test),
     deny(

@@ -80,7 +80,7 @@ pub fn router(state: AdminState) -> Router {
 /// join later are probed while the router serves) until told to stop.
 async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
     if !s.ready.load(Ordering::Relaxed) || s.shared.shutdown.draining() {
-        if let Some(why) = super::not_ready(&s.shared, std::time::Instant::now()) {
+        if let Some(why) = super::not_ready(&s.shared, crate::clock::now()) {
             return (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n"));
         }
         s.ready.store(true, Ordering::Relaxed);

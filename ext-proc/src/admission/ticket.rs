@@ -57,7 +57,7 @@ impl Ticket {
     /// Until it may be its turn: for the head, the next poll (or a wake);
     /// for the others, until they become the head or are evicted.
     pub async fn turn(&self) {
-        let now = Instant::now();
+        let now = crate::clock::now();
         if self.is_head(now) {
             tokio::select! {
                 _ = self.waiter.notified() => {}
@@ -102,6 +102,6 @@ impl Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        self.end(Counted::Cancelled, Instant::now());
+        self.end(Counted::Cancelled, crate::clock::now());
     }
 }

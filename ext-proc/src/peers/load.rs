@@ -51,7 +51,10 @@ impl Task {
         let age = id_ms(id).map_or(Duration::ZERO, |w| {
             Duration::from_millis(redis_ms.saturating_sub(w))
         });
-        let result = match self.loads.receive(topo, from, report, age, Instant::now()) {
+        let result = match self
+            .loads
+            .receive(topo, from, report, age, crate::clock::now())
+        {
             Received::Kept { unknown } => {
                 if unknown > 0 {
                     m.peers.load_reports.add(LoadExchange::Unknown, 1);

@@ -37,7 +37,7 @@ pub mod wire;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::streams::StreamReadReply;
 use tokio::sync::mpsc;
@@ -73,7 +73,7 @@ pub fn valid_instance_id(s: &str) -> bool {
 
 /// A name no other instance will pick: 16 random hex digits.
 pub fn random_instance_id() -> String {
-    format!("{:016x}", fastrand::u64(..))
+    format!("{:016x}", crate::clock::random_u64())
 }
 
 /// What the access log hands the link.
@@ -264,7 +264,7 @@ impl Task {
 
     async fn round(&mut self) {
         let topo = self.shared.snapshot().topo.clone();
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut pipe = redis::pipe();
         let mut written = self.write(&mut pipe);
         let report = self
@@ -334,7 +334,7 @@ impl Task {
             // The topology now, not the round's: membership may have changed
             // during the round trip, and figures go to the current slots.
             let topo = self.shared.snapshot().topo.clone();
-            let peers = self.loads.apply(&topo, Instant::now());
+            let peers = self.loads.apply(&topo, crate::clock::now());
             self.shared.metrics.peers.load_peers.set(peers as i64);
         }
     }

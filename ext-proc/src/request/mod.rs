@@ -123,10 +123,10 @@ pub async fn route_request<'a>(
             return Answer::Now(reply::reject(&reject).into());
         }
     }
-    key.spread_anonymous(fastrand::u64(..));
+    key.spread_anonymous(crate::clock::random_u64());
     let decided = {
         let _entered = trace.span().enter();
-        decide_on(shared, &key, fastrand::u64(..))
+        decide_on(shared, &key, crate::clock::random_u64())
     };
     let (snapshot, decision) = match decided {
         Ok(d) => d,
@@ -135,7 +135,7 @@ pub async fn route_request<'a>(
             return Answer::Now(reply::reject(&reject).into());
         }
     };
-    let now = Instant::now();
+    let now = crate::clock::now();
     let admitted = admit(shared, admission, snapshot, decision, key, map, now)
         .instrument(trace.span().clone())
         .await;
@@ -267,13 +267,13 @@ pub async fn attempt(
     key: &mut RouteKey<'_>,
     ticket: Ticket,
 ) -> Result<Reply, Ticket> {
-    let (snapshot, decision) = match decide_on(shared, key, fastrand::u64(..)) {
+    let (snapshot, decision) = match decide_on(shared, key, crate::clock::random_u64()) {
         Ok(d) => d,
         // No ready replica any more (or the stage went away): answered as
         // any rejection; dropping the ticket leaves the queue.
         Err(reject) => return Ok(reply::reject(&reject).into()),
     };
-    let now = Instant::now();
+    let now = crate::clock::now();
     let held = now.saturating_duration_since(ticket.arrived());
     match release(shared, admission, ticket, snapshot, decision, key, now).await? {
         Admitted::Placed(p, asked) => Ok(routed(shared, p, asked, held)),

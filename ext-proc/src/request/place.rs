@@ -84,7 +84,7 @@ pub async fn admit_and_commit(
     let topo = &snapshot.topo;
     let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
     let guard = replica.load.start(decision.uncached_tokens);
-    let nonce = fastrand::u64(..);
+    let nonce = crate::clock::random_u64();
     shared.emit(Event::Routed(Box::new(Routed {
         generation: topo.generation,
         decision_id: nonce,

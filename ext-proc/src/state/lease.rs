@@ -190,7 +190,7 @@ impl Leases {
         let lease = Arc::new(Lease {
             guard,
             decided,
-            started: Instant::now(),
+            started: crate::clock::now(),
             held: input.held,
             bound,
             prefill_bound,
@@ -259,7 +259,7 @@ impl Leases {
         if load.own_inflight() <= engine_count {
             return 0;
         }
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut old: Vec<(Instant, u64)> = self
             .whole
             .iter()

@@ -58,7 +58,7 @@ pub fn deciding(shared: &Shared) -> bool {
     if shared.deciding.load(Ordering::Relaxed) {
         return true;
     }
-    let ready = not_ready(shared, Instant::now()).is_none();
+    let ready = not_ready(shared, crate::clock::now()).is_none();
     if ready {
         shared.deciding.store(true, Ordering::Relaxed);
     }

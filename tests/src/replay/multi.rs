@@ -241,30 +241,7 @@ impl MultiRouter {
 
     fn run(&mut self, t: f64, a: Action) {
         match a {
-            Action::Beat(k) => {
-                let at = self.routers[k].fr.at(t);
-                let topo = self.routers[k].fr.shared().snapshot().topo.clone();
-                let report = LoadReport::own(&topo);
-                if self.routers[k].reporter.due(&report, at) {
-                    self.bytes.load += wire::encode_load(&report, 1 << 20).0.len() as u64;
-                    self.bytes.load_reports += 1;
-                    for j in (0..self.opts.routers).filter(|&j| j != k) {
-                        let deliver = Action::LoadDeliver {
-                            to: j,
-                            from: k,
-                            report: report.clone(),
-                            written: t,
-                        };
-                        let when = self.beat(j, t);
-                        self.push(when, deliver);
-                    }
-                    self.routers[k].reporter.sent(report, at);
-                }
-                let r = &mut self.routers[k];
-                r.loads.apply(&topo, at);
-                let next = self.beat(k, t);
-                self.push(next, Action::Beat(k));
-            }
+            Action::Beat(k) => self.beat_at(k, t),
             Action::LoadDeliver {
                 to,
                 from,
@@ -297,50 +274,81 @@ impl MultiRouter {
                 cached,
                 ttft,
                 finished,
-            } => {
-                let Some(owner) = self.leases[id].as_ref().map(|l| l.owner) else {
-                    return;
-                };
-                if at != owner && self.opts.forward {
-                    let arrive = self.beat(owner, self.beat(at, t));
-                    let log = Action::Log {
-                        id,
-                        at: owner,
-                        cached,
-                        ttft,
-                        finished,
-                    };
-                    self.push(arrive, log);
-                    return;
-                }
-                let decided = if at == owner {
-                    let held = self.leases[id].as_ref().is_some_and(|l| l.held);
-                    if held {
-                        self.end_lease(id, t);
-                        self.counts.logged += 1;
-                    } else {
-                        self.counts.late += 1;
-                    }
-                    held.then(|| self.leases[id].as_ref().map(|l| l.placed.decided))
-                        .flatten()
-                } else {
-                    self.counts.foreign += 1;
-                    None
-                };
-                let l = self.leases[id].as_ref().expect("lease kept");
-                let obs = Fleetroute::observation(
-                    &l.placed,
-                    l.routed_at,
-                    finished,
-                    &l.req,
-                    cached,
-                    ttft,
-                    decided,
-                );
-                self.routers[at].fr.apply(t, Event::Observed(Box::new(obs)));
-                self.pump(at, t);
-            }
+            } => self.log(t, id, at, (cached, ttft, finished)),
         }
+    }
+
+    /// Instance `k`'s beat: its load report out when due, the others' in.
+    fn beat_at(&mut self, k: usize, t: f64) {
+        let at = self.routers[k].fr.at(t);
+        let topo = self.routers[k].fr.shared().snapshot().topo.clone();
+        let report = LoadReport::own(&topo);
+        if self.routers[k].reporter.due(&report, at) {
+            self.bytes.load += wire::encode_load(&report, 1 << 20).0.len() as u64;
+            self.bytes.load_reports += 1;
+            for j in (0..self.opts.routers).filter(|&j| j != k) {
+                let deliver = Action::LoadDeliver {
+                    to: j,
+                    from: k,
+                    report: report.clone(),
+                    written: t,
+                };
+                let when = self.beat(j, t);
+                self.push(when, deliver);
+            }
+            self.routers[k].reporter.sent(report, at);
+        }
+        let r = &mut self.routers[k];
+        r.loads.apply(&topo, at);
+        let next = self.beat(k, t);
+        self.push(next, Action::Beat(k));
+    }
+
+    /// An access log entry reaching instance `at`: forwarded to its owner,
+    /// or applied here. `done`: cached tokens, time to first token, end.
+    fn log(&mut self, t: f64, id: usize, at: usize, done: (u64, f64, f64)) {
+        let (cached, ttft, finished) = done;
+        let Some(owner) = self.leases[id].as_ref().map(|l| l.owner) else {
+            return;
+        };
+        if at != owner && self.opts.forward {
+            let arrive = self.beat(owner, self.beat(at, t));
+            let log = Action::Log {
+                id,
+                at: owner,
+                cached,
+                ttft,
+                finished,
+            };
+            self.push(arrive, log);
+            return;
+        }
+        let decided = if at == owner {
+            let held = self.leases[id].as_ref().is_some_and(|l| l.held);
+            if held {
+                self.end_lease(id, t);
+                self.counts.logged += 1;
+            } else {
+                self.counts.late += 1;
+            }
+            held.then(|| self.leases[id].as_ref().map(|l| l.placed.decided))
+                .flatten()
+        } else {
+            self.counts.foreign += 1;
+            None
+        };
+        let l = self.leases[id].as_ref().expect("lease kept");
+        let obs = Fleetroute::observation(
+            &l.placed,
+            l.routed_at,
+            finished,
+            &l.req,
+            cached,
+            ttft,
+            decided,
+        );
+        self.routers[at].fr.apply(t, Event::Observed(Box::new(obs)));
+        self.pump(at, t);
     }
 
     /// Ends a held lease at `t`; false when it had already ended.

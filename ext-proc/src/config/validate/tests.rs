@@ -36,6 +36,7 @@ fn the_design_example_is_valid() {
 }
 
 #[test]
+#[allow(clippy::too_many_lines)] // a table of cases, one per line
 fn errors_name_the_field_path() {
     let cases = [
         (

@@ -60,14 +60,14 @@ impl Writer {
     /// resolving and at most 64 replicas per static fleet. Dynamic fleets
     /// start with no member.
     pub fn new(cfg: &ValidConfig) -> (Arc<Shared>, Writer) {
-        Self::named(cfg, format!("{:016x}", fastrand::u64(..)))
+        Self::named(cfg, format!("{:016x}", crate::clock::random_u64()))
     }
 
     /// `new`, for the instance called `instance` (an id of the peers'
     /// charset: the caller checks it).
     pub fn named(cfg: &ValidConfig, instance: String) -> (Arc<Shared>, Writer) {
         let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        let now = Instant::now();
+        let now = crate::clock::now();
         let mut fleets: Vec<FleetModel> = cfg
             .fleets
             .iter()
@@ -106,7 +106,7 @@ impl Writer {
             &fleets,
             &Accounting::default(),
             &failed_keys,
-            Instant::now(),
+            crate::clock::now(),
         );
         let shared = Arc::new(Shared {
             snapshot: ArcSwap::from_pointee(first),
@@ -121,7 +121,7 @@ impl Writer {
             tenants: Accountant::new(&cfg.tenants, cfg.tenants_redis.as_ref(), &instance),
             instance,
             tenant_series: Mutex::default(),
-            started: Instant::now(),
+            started: crate::clock::now(),
             shutdown: Arc::default(),
             deciding: std::sync::atomic::AtomicBool::new(true),
         });
@@ -167,7 +167,7 @@ impl Writer {
             tokio::select! {
                 ev = self.rx.recv() => match ev {
                     Some(ev) => {
-                        let now = Instant::now();
+                        let now = crate::clock::now();
                         self.apply(ev, now);
                         // Drain what else is queued before publishing once.
                         while let Ok(ev) = self.rx.try_recv() {
@@ -178,7 +178,7 @@ impl Writer {
                     None => return,
                 },
                 _ = tick.tick() => {
-                    self.tick(Instant::now());
+                    self.tick(crate::clock::now());
                     self.shared.leases.run_pending();
                     self.shared.metrics.access_log.leases_held.set(self.shared.leases.held() as i64);
                 }
