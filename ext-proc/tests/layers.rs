@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 /// Top-level modules, lowest floor first. Equal floors may not use each other.
 const FLOORS: &[(&str, u32)] = &[
     ("config", 0),
+    ("clock", 0),
     ("listen", 0),
     ("shutdown", 0),
     ("stream_limit", 0),
