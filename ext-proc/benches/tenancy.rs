@@ -7,8 +7,6 @@
 #![allow(clippy::unwrap_used)] // a benchmark, like a test, says what it expects
 
 use std::hint::black_box;
-use std::net::TcpListener;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use criterion::Criterion;
@@ -84,40 +82,12 @@ fn local(c: &mut Criterion) {
 }
 
 fn redis(c: &mut Criterion) {
-    if Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    // Not under scripts/test.sh: a bench without Redis prints the rest.
+    let Some(server) = fleetroute_test_kit::RedisServer::start() else {
         println!("redis-server not on PATH: Redis figures skipped");
         return;
-    }
-    let port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new("redis-server")
-        .args([
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let url = format!("redis://127.0.0.1:{port}/");
-    let client = redis::Client::open(url.as_str()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while client.get_connection().is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    };
+    let url = server.url();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -172,8 +142,7 @@ fn redis(c: &mut Criterion) {
         refills() - before
     );
     percentiles("shared admit+commit per call", ns);
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(server);
 }
 
 fn main() {

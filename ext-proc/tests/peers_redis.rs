@@ -6,8 +6,6 @@
 #![allow(clippy::unwrap_used)] // test code says what it expects
 
 use std::collections::HashMap;
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,67 +24,7 @@ use fleetroute::state::lease::LeaseInput;
 use fleetroute::state::prefix_index::Matches;
 use fleetroute::state::{Event, Shared, Writer};
 use fleetroute::topology::{FleetId, ReplicaId};
-
-struct Redis {
-    port: u16,
-    child: Option<Child>,
-}
-
-impl Redis {
-    fn start() -> Option<Redis> {
-        if Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            // scripts/test.sh sets this: there a missing server is a failure.
-            assert!(
-                std::env::var_os("FLEETROUTE_REQUIRE_REDIS").is_none(),
-                "redis-server is not on PATH (scripts/setup.sh installs it)"
-            );
-            eprintln!("SKIPPED: redis-server not on PATH (scripts/setup.sh installs it)");
-            return None;
-        }
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut r = Redis { port, child: None };
-        r.restart();
-        Some(r)
-    }
-
-    fn restart(&mut self) {
-        self.stop();
-        let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
-            .args(["--save", "", "--appendonly", "no"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start redis-server");
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not answer");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Redis {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
+use fleetroute_test_kit::RedisServer as Redis;
 
 struct Node {
     shared: Arc<Shared>,

@@ -78,8 +78,7 @@ fn redis_count(redis: &Redis, tenant: &str) -> u64 {
 
 #[test]
 fn redis_shares_the_limits_and_a_dead_redis_leaves_the_fallback_share() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut redis = Redis::start(dir.path());
+    let mut redis = Redis::require();
     // The phases below must share one UTC minute (Redis counts per minute):
     // start early in one.
     wait_until("the start of a UTC minute", Duration::from_secs(70), || {
@@ -195,8 +194,7 @@ fn charged(lab: &Lab, tenant: &str) -> u64 {
 
 #[test]
 fn a_redis_killed_and_restarted_empty_under_load_keeps_the_minute_within_its_bound() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut redis = Redis::start(dir.path());
+    let mut redis = Redis::require();
     wait_until("the start of a UTC minute", Duration::from_secs(70), || {
         let s = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -157,7 +157,7 @@ pub fn admission() {
     );
     drop((shared, w));
 
-    let Some(redis) = RedisChild::start() else {
+    let Some(redis) = fleetroute_test_kit::RedisServer::start() else {
         println!("redis-server not on PATH: the shared admission figures are skipped");
         return;
     };
@@ -201,52 +201,4 @@ pub fn admission() {
         );
     }
     drop((shared, w));
-}
-
-/// A `redis-server` on a free loopback port, killed on drop.
-struct RedisChild {
-    port: u16,
-    child: std::process::Child,
-}
-
-impl RedisChild {
-    fn start() -> Option<Self> {
-        use std::process::{Command, Stdio};
-        Command::new("redis-server")
-            .arg("--version")
-            .output()
-            .ok()?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .ok()?
-            .local_addr()
-            .ok()?
-            .port();
-        let child = Command::new("redis-server")
-            .args([
-                "--port",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .stdout(Stdio::null())
-            .spawn()
-            .ok()?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "redis-server did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Some(RedisChild { port, child })
-    }
-}
-
-impl Drop for RedisChild {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

@@ -191,7 +191,7 @@ impl Lab {
             f(&replicas);
         }
 
-        let redis = spec.peers_redis.then(|| redis::Redis::start(dir.path()));
+        let redis = spec.peers_redis.then(redis::Redis::require);
         if let Some(r) = &redis {
             let more = match spec.peers_options {
                 "" => String::new(),

@@ -89,19 +89,4 @@ impl Drop for Proc {
     }
 }
 
-/// A loopback port that was free a moment ago and that no other lab in this
-/// test process has been given (scenarios run side by side on threads).
-pub fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("free port");
-        let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
-        if !given.contains(&port) {
-            given.push(port);
-            return port;
-        }
-    }
-}
+pub use fleetroute_test_kit::free_port;

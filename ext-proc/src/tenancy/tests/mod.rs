@@ -1,5 +1,4 @@
 mod audit;
 mod config;
 mod ledger;
-mod redis_server;
 mod shared;

@@ -2,11 +2,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::{Duration, Instant};
 
-use super::redis_server::RedisServer;
 use crate::tenancy::clock::Clock;
 use crate::tenancy::config::{TenantLimits, TenantsConfig};
 use crate::tenancy::ledger::{Estimate, Limit, Usage};
 use crate::tenancy::shared::{Shared, SharedConfig};
+use fleetroute_test_kit::RedisServer;
 
 const T0: u64 = 1_780_000_020_000; // 20 s into a UTC minute
 const LIMIT: u64 = 10_000;
