@@ -189,7 +189,13 @@ fn no_source_file_is_over_450_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut long = Vec::new();
     let mut seen = 0;
-    for dir in ["src", "benches", "../filter-wasm/src", "../tests/src", "../test-kit/src"] {
+    for dir in [
+        "src",
+        "benches",
+        "../filter-wasm/src",
+        "../tests/src",
+        "../test-kit/src",
+    ] {
         let dir = root.join(dir);
         let mut files = Vec::new();
         rust_files(&dir, &mut files);

@@ -4,11 +4,10 @@
 use super::*;
 use crate::config::{Priority, StageAdmission};
 use crate::route::Decision;
-use crate::route::eligible::cached_tokens;
+use crate::route::eligible::{cached_tokens, ready_replicas};
 use crate::route::key::RouteKey;
 use crate::route::replica::FALLBACKS;
 use crate::state::Snapshot;
-use crate::state::prefix_index::Matches;
 use crate::topology::{NonEmpty, ReplicaId};
 
 /// The request's prediction on its chosen replica. When that one cannot
@@ -57,42 +56,21 @@ pub(super) fn fit<'c>(
     let limit = |p: &Prediction| judge::limit(cfg, class, active, objective, waited_ms, p.own_ms);
     let fits = |x: &(ReplicaId, Prediction, bool, u64, u64)| judge::fits(limit(&x.1), &x.1, x.2);
     if !judge::fits(limit(&pred), &pred, full) {
-        // What the prefix index predicts each replica of the fleet holds.
-        let mut matches = Matches::default();
-        let depth = if key.blocks.is_empty() {
-            0
-        } else {
-            snap.fleets[d.fleet]
-                .prefix
-                .matches(&key.blocks, &mut matches)
-        };
+        // The decision's own rule set: the fleet's ready replicas, their
+        // predicted prefixes, failed conversations skipped.
+        let ready = ready_replicas(snap, d.fleet, key);
         let cached = |r: ReplicaId| {
-            if depth == 0 {
-                0
-            } else {
-                cached_tokens(matches[r], key)
-            }
-        };
-        // Replicas this conversation failed stay skipped, as in the decision
-        // (a bit counts while its slot holds the member that failed).
-        let avoid = key
-            .conversation()
-            .and_then(|k| snap.failed_keys.avoid(k, snap.topo.layout))
-            .filter(|a| a.fleet == d.fleet);
-        let failed = |r: ReplicaId| {
-            avoid.is_some_and(|a| {
-                a.mask & (1 << r.index()) != 0 && fleet.replicas[r].since <= a.generation
-            })
+            ready
+                .iter()
+                .find(|x| x.replica == r)
+                .map_or(0, |x| cached_tokens(x.matched, key))
         };
         let fallback = d.replicas[1..].iter().map(|&r| on(r, cached(r))).find(fits);
         let better = fallback.or_else(|| {
-            // Occupied slots only: a member that left leaves its slot free.
-            fleet
-                .replicas
-                .ids()
-                .filter(|&r| r != head && snap.replicas[d.fleet][r].ready())
-                .filter(|&r| !failed(r))
-                .map(|r| on(r, cached(r)))
+            ready
+                .iter()
+                .filter(|x| x.replica != head)
+                .map(|x| on(x.replica, cached_tokens(x.matched, key)))
                 .filter(fits)
                 .min_by(|a, b| a.1.ttft_ms.total_cmp(&b.1.ttft_ms))
         });

@@ -70,46 +70,13 @@ pub fn candidates(
             stage_residency: stage.residency.join(","),
         });
     }
-    // Replicas that failed this conversation before (only real sampling
-    // keys: a request-id hash never comes back).
-    let avoid = key
-        .conversation()
-        .and_then(|k| snap.failed_keys.avoid(k, topo.layout));
     let mut fleets = Vec::with_capacity(stage.fleets.len());
-    let mut matches = Matches::default();
     for &f in &stage.fleets {
         let fleet = &topo.fleets[f];
         if !allowed(&fleet.region) {
             continue;
         }
-        let depth = if key.blocks.is_empty() {
-            0
-        } else {
-            snap.fleets[f].prefix.matches(&key.blocks, &mut matches)
-        };
-        let mut ready = Vec::with_capacity(fleet.replicas.len());
-        ready.extend(
-            fleet
-                .replicas
-                .iter()
-                .filter(|&(r, _)| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
-                .map(|(r, rep)| ReadyReplica {
-                    replica: r,
-                    unit: unit(key.key, rep.seed),
-                    matched: if depth == 0 { 0 } else { matches[r] },
-                }),
-        );
-        if let Some(a) = avoid.filter(|a| a.fleet == f) {
-            // A bit counts while its slot holds the member that failed.
-            let failed = |r: &ReadyReplica| {
-                a.mask & (1 << r.replica.index()) != 0
-                    && fleet.replicas[r.replica].since <= a.generation
-            };
-            // Skip them while another ready replica remains.
-            if ready.iter().any(|r| !failed(r)) {
-                ready.retain(|r| !failed(r));
-            }
-        }
+        let ready = ready_replicas(snap, f, key);
         let best_unit = ready.iter().map(|r| r.unit).fold(0.0f64, f64::max);
         let best_match = ready.iter().map(|r| r.matched).max().unwrap_or(0);
         if let Some(ready) = NonEmpty::new(ready) {
@@ -142,6 +109,50 @@ pub fn candidates(
         });
     }
     Ok(Candidates { fleets })
+}
+
+/// Fleet `f`'s ready replicas for this request, with the rendezvous unit of
+/// its key and the prompt blocks each is predicted to hold; the replicas
+/// that failed this conversation are skipped while another remains. The one
+/// rule set for every choice of a replica: the decision's, and admission's
+/// re-fit of a refused request.
+pub fn ready_replicas(snap: &Snapshot, f: FleetId, key: &RouteKey<'_>) -> Vec<ReadyReplica> {
+    let fleet = &snap.topo.fleets[f];
+    let mut matches = Matches::default();
+    let depth = if key.blocks.is_empty() {
+        0
+    } else {
+        snap.fleets[f].prefix.matches(&key.blocks, &mut matches)
+    };
+    // Replicas that failed this conversation before (only real sampling
+    // keys: a request-id hash never comes back).
+    let avoid = key
+        .conversation()
+        .and_then(|k| snap.failed_keys.avoid(k, snap.topo.layout));
+    let mut ready = Vec::with_capacity(fleet.replicas.len());
+    ready.extend(
+        fleet
+            .replicas
+            .iter()
+            .filter(|&(r, _)| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
+            .map(|(r, rep)| ReadyReplica {
+                replica: r,
+                unit: unit(key.key, rep.seed),
+                matched: if depth == 0 { 0 } else { matches[r] },
+            }),
+    );
+    if let Some(a) = avoid.filter(|a| a.fleet == f) {
+        // A bit counts while its slot holds the member that failed.
+        let failed = |r: &ReadyReplica| {
+            a.mask & (1 << r.replica.index()) != 0
+                && fleet.replicas[r.replica].since <= a.generation
+        };
+        // Skip them while another ready replica remains.
+        if ready.iter().any(|r| !failed(r)) {
+            ready.retain(|r| !failed(r));
+        }
+    }
+    ready
 }
 
 #[cfg(test)]
