@@ -10,6 +10,7 @@ pub mod api;
 mod auth;
 mod errors;
 mod server;
+mod tenant_metrics;
 mod tenant_views;
 #[cfg(test)]
 mod tests;

@@ -3,8 +3,8 @@
 //! what changed or why not.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -23,6 +23,7 @@ use super::api::{
 };
 use super::auth::authorize;
 use super::errors::ApiError;
+use super::tenant_metrics::TenantSeries;
 use super::{tenant_views, views};
 use crate::reload::Reloader;
 use crate::state::{Change, ChangeError, Shared, decision_log};
@@ -39,6 +40,8 @@ pub struct AdminState {
     /// Set once every replica had been probed: a member joining later does
     /// not take the router out of its own Service while it is probed.
     ready: Arc<AtomicBool>,
+    /// What the per-tenant series showed at the last scrape.
+    tenant_series: Arc<Mutex<TenantSeries>>,
 }
 
 impl AdminState {
@@ -49,6 +52,7 @@ impl AdminState {
             token,
             change_timeout: CHANGE_TIMEOUT,
             ready: Arc::default(),
+            tenant_series: Arc::default(),
         }
     }
 }
@@ -92,7 +96,7 @@ async fn ready(State(s): State<AdminState>) -> impl IntoResponse {
 
 async fn metrics(State(s): State<AdminState>) -> impl IntoResponse {
     // Per-tenant series are brought up to date when they are read.
-    crate::state::tenant_metrics::export(&s.shared);
+    super::tenant_metrics::export(&s.shared, &s.tenant_series);
     (
         [(
             header::CONTENT_TYPE,

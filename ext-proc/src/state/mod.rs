@@ -22,7 +22,7 @@
 //! - The decision log (a mutex): only the writer appends; the admin API reads.
 //! - `metrics::Metrics` (counters): each task counts its own events; the
 //!   per-tenant series are brought up to date by the `/metrics` handler
-//!   (`tenant_metrics`, under a mutex only that handler takes).
+//!   (`admin::tenant_metrics`, under a mutex only that handler takes).
 //! - The replica view notification (a `watch`): only the writer bumps it,
 //!   when a snapshot it publishes has a new topology or a replica whose
 //!   state flipped; the EDS server waits on it.
@@ -57,7 +57,6 @@ pub mod readiness;
 
 pub mod saturation;
 mod snapshot;
-pub mod tenant_metrics;
 pub mod usage;
 mod writer;
 
@@ -266,9 +265,6 @@ pub struct Shared {
     /// Tenant limits and budgets (lock-free counters; limits follow the
     /// config) and the audit log.
     pub tenants: Accountant,
-    /// What the per-tenant metric series last exported (the `/metrics`
-    /// handler's own, see `tenant_metrics`).
-    tenant_series: Mutex<tenant_metrics::TenantSeries>,
     /// When the state was made (readiness waits for sources from here).
     pub started: std::time::Instant,
     /// Where stopping is: draining withdraws readiness, closing ends the

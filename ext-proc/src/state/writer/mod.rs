@@ -120,7 +120,6 @@ impl Writer {
             replica_view: tokio::sync::watch::Sender::new(0),
             tenants: Accountant::new(&cfg.tenants, cfg.tenants_redis.as_ref(), &instance),
             instance,
-            tenant_series: Mutex::default(),
             started: crate::clock::now(),
             shutdown: Arc::default(),
             deciding: std::sync::atomic::AtomicBool::new(true),

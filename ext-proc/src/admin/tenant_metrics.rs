@@ -8,10 +8,10 @@
 //! set has its series removed (its later growth counts as `other`).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
 
-use super::Shared;
+use crate::state::Shared;
 
 use crate::metrics::{Audit, Metrics, Results, SharedCounters, TenantLabel, TenantRefusal, Values};
 use crate::tenancy::ledger::{Limit, OTHER, TenantState};
@@ -46,11 +46,10 @@ fn grow(last: &mut u64, now: u64) -> u64 {
     d
 }
 
-pub fn export(shared: &Shared) {
-    let mut series = shared
-        .tenant_series
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+/// Brings the per-tenant series up to date (`series`: what was exported
+/// last; the `/metrics` handler's own, under a mutex only it takes).
+pub fn export(shared: &Shared, series: &Mutex<TenantSeries>) {
+    let mut series = series.lock().unwrap_or_else(|e| e.into_inner());
     let ledger = shared.tenants.ledger();
     let m = &shared.metrics;
     let cfg = ledger.config();
@@ -224,10 +223,11 @@ mod tests {
         )
         .unwrap();
         let (shared, _w) = Writer::new(&cfg);
+        let last = Mutex::default();
         for (t, n) in [("a", 500), ("b", 400), ("c", 300), ("d", 200), ("small", 1)] {
             charge(&shared, t, n);
         }
-        export(&shared);
+        export(&shared, &last);
         let text = shared.metrics.render();
         assert_eq!(
             series(&text, "fleetroute_tenant_tokens_total"),
@@ -237,7 +237,7 @@ mod tests {
         // from now is other's); every series only grows.
         charge(&shared, "d", 1000);
         charge(&shared, "b", 10);
-        export(&shared);
+        export(&shared, &last);
         let text = shared.metrics.render();
         assert_eq!(
             series(&text, "fleetroute_tenant_tokens_total"),
