@@ -118,7 +118,10 @@ pub fn choose(
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
 ) -> ReplicaChoice {
-    let mut scored = score(fleet, cand, key, cfg);
+    // On the stack, filled in place (a fleet has at most `Matches::SLOTS`
+    // replicas; returned by value it would be copied).
+    let mut scored: SmallVec<[Scored; Matches::SLOTS]> = SmallVec::new();
+    score(&mut scored, fleet, cand, key, cfg);
     let mean = scored.iter().map(|s| s.queued).sum::<f64>() / scored.len().max(1) as f64;
     let bound = cfg.load_factor * mean + cfg.load_slack_tokens;
     let mean_inflight = scored.iter().map(|s| s.inflight).sum::<f64>() / scored.len().max(1) as f64;
@@ -240,13 +243,12 @@ pub fn choose(
 
 /// Each ready replica's load and cached prefix, before any cost.
 fn score(
+    scored: &mut SmallVec<[Scored; Matches::SLOTS]>,
     fleet: &Fleet,
     cand: &CandidateFleet,
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
-) -> SmallVec<[Scored; Matches::SLOTS]> {
-    // On the stack: a fleet has at most `Matches::SLOTS` replicas.
-    let mut scored: SmallVec<[Scored; Matches::SLOTS]> = SmallVec::new();
+) {
     scored.extend(cand.ready.iter().map(|r| {
         let load = &fleet.replicas[r.replica].load;
         let queued = load.pending_prefill() as f64
@@ -267,7 +269,6 @@ fn score(
             first_byte: load.first_byte_reported(),
         }
     }));
-    scored
 }
 
 /// New conversations: a replica past its share of recent requests counts as
