@@ -4,7 +4,7 @@
 use super::*;
 use crate::config::{Priority, StageAdmission};
 use crate::route::Decision;
-use crate::route::eligible::{cached_tokens, ready_replicas};
+use crate::route::eligible::{avoided, cached_tokens, ready_replicas};
 use crate::route::key::RouteKey;
 use crate::route::replica::FALLBACKS;
 use crate::state::Snapshot;
@@ -58,7 +58,7 @@ pub(super) fn fit<'c>(
     if !judge::fits(limit(&pred), &pred, full) {
         // The decision's own rule set: the fleet's ready replicas, their
         // predicted prefixes, failed conversations skipped.
-        let ready = ready_replicas(snap, d.fleet, key);
+        let ready = ready_replicas(snap, d.fleet, key, avoided(snap, key));
         let cached = |r: ReplicaId| {
             ready
                 .iter()

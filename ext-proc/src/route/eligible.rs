@@ -8,6 +8,7 @@ use super::Reject;
 use super::key::RouteKey;
 use super::rendezvous::unit;
 use crate::state::Snapshot;
+use crate::state::failed_keys::Avoid;
 use crate::state::prefix_index::Matches;
 use crate::state::saturation;
 use crate::topology::{FleetId, NonEmpty, ReplicaId, Stage};
@@ -70,13 +71,14 @@ pub fn candidates(
             stage_residency: stage.residency.join(","),
         });
     }
+    let avoid = avoided(snap, key);
     let mut fleets = Vec::with_capacity(stage.fleets.len());
     for &f in &stage.fleets {
         let fleet = &topo.fleets[f];
         if !allowed(&fleet.region) {
             continue;
         }
-        let ready = ready_replicas(snap, f, key);
+        let ready = ready_replicas(snap, f, key, avoid);
         let best_unit = ready.iter().map(|r| r.unit).fold(0.0f64, f64::max);
         let best_match = ready.iter().map(|r| r.matched).max().unwrap_or(0);
         if let Some(ready) = NonEmpty::new(ready) {
@@ -116,7 +118,19 @@ pub fn candidates(
 /// that failed this conversation are skipped while another remains. The one
 /// rule set for every choice of a replica: the decision's, and admission's
 /// re-fit of a refused request.
-pub fn ready_replicas(snap: &Snapshot, f: FleetId, key: &RouteKey<'_>) -> Vec<ReadyReplica> {
+/// Replicas that failed this conversation before (only real sampling keys:
+/// a request-id hash never comes back), looked up once per decision.
+pub fn avoided(snap: &Snapshot, key: &RouteKey<'_>) -> Option<Avoid> {
+    key.conversation()
+        .and_then(|k| snap.failed_keys.avoid(k, snap.topo.layout))
+}
+
+pub fn ready_replicas(
+    snap: &Snapshot,
+    f: FleetId,
+    key: &RouteKey<'_>,
+    avoid: Option<Avoid>,
+) -> Vec<ReadyReplica> {
     let fleet = &snap.topo.fleets[f];
     let mut matches = Matches::default();
     let depth = if key.blocks.is_empty() {
@@ -124,11 +138,6 @@ pub fn ready_replicas(snap: &Snapshot, f: FleetId, key: &RouteKey<'_>) -> Vec<Re
     } else {
         snap.fleets[f].prefix.matches(&key.blocks, &mut matches)
     };
-    // Replicas that failed this conversation before (only real sampling
-    // keys: a request-id hash never comes back).
-    let avoid = key
-        .conversation()
-        .and_then(|k| snap.failed_keys.avoid(k, snap.topo.layout));
     let mut ready = Vec::with_capacity(fleet.replicas.len());
     ready.extend(
         fleet
