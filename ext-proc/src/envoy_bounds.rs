@@ -122,6 +122,20 @@ pub fn fleet_cluster(c: &mut Value, cfg: &RouterConfig) -> Result<(), String> {
     retry_budget(c, &cfg.envoy)
 }
 
+/// One cluster has one health path: its first fleet's (the fleets of a stage
+/// that spans engines with different paths share `health_check.path`).
+fn stage_health_path(cfg: &RouterConfig, stage: &StageConfig) -> String {
+    let first = stage
+        .fleets
+        .first()
+        .and_then(|sf| cfg.fleets.iter().find(|f| f.name == sf.name));
+    match (first, &cfg.health_check.path) {
+        (Some(f), _) => f.health_path(&cfg.health_check).to_string(),
+        (None, Some(p)) => p.clone(),
+        (None, None) => crate::config::Engine::default().health_path().to_string(),
+    }
+}
+
 /// A stage's fail-open cluster: its name, health checks, outlier detection
 /// and retry budget (its members: `bootstrap`).
 pub fn fallback_cluster(
@@ -145,7 +159,7 @@ pub fn fallback_cluster(
     set(
         h,
         &["http_health_check", "path"],
-        Value::String(hc.path.clone()),
+        Value::String(stage_health_path(cfg, stage)),
     )?;
     let o = &cfg.envoy.outlier;
     let od = at(c, &["outlier_detection"])?;

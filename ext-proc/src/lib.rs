@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod decision_trace;
 pub mod eds;
+pub mod engine;
 pub mod envoy_bounds;
 pub mod fail_open;
 pub mod listen;

@@ -9,9 +9,10 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
-    AlarmsConfig, ApiKey, Bounds, CapacityConfig, CostConfig, EngineMetricsConfig, FleetConfig,
-    HealthCheckConfig, OutlierConfig, PolicyKind, ReplicaChoiceConfig, RoutingConfig,
-    ScalingConfig, StageAdmission, ValidConfig, WarmupConfig, model_list,
+    AlarmsConfig, ApiKey, Bounds, CapacityConfig, CostConfig, Engine, EngineApi,
+    EngineMetricsConfig, FleetConfig, HealthCheckConfig, OutlierConfig, PolicyKind,
+    ReplicaChoiceConfig, RoutingConfig, ScalingConfig, StageAdmission, ValidConfig, WarmupConfig,
+    model_list,
 };
 pub mod ids;
 pub mod load;
@@ -62,14 +63,17 @@ pub struct Fleet {
     pub cost: Option<CostConfig>,
     pub hosts: Option<Bounds>,
     pub scaling: ScalingConfig,
-    /// The fleet's own `Authorization` (an external provider): it replaces
-    /// the client's on every request routed here.
+    /// The fleet's own `Authorization`, replacing the client's (a provider).
     pub key: Option<ApiKey>,
     /// Whether `replicas` is the fleet's membership: always for a static
     /// fleet; for a dynamic one only once its source has answered (or it
     /// kept members from before a reload). EDS holds back a fleet that is
     /// not known rather than serve it empty.
     pub members_known: bool,
+    /// The engine run, its endpoints, the path probed (`FleetConfig::health_path`).
+    pub engine: Engine,
+    pub engine_api: EngineApi,
+    pub health_path: String,
 }
 
 #[derive(Clone, Debug)]
@@ -109,8 +113,7 @@ pub struct Stage {
     pub model: String,
     /// The stage's fleets, in its listed order.
     pub fleets: Vec<FleetId>,
-    /// Parallel to `fleets`: the name a fleet serves the model under, when it
-    /// is not the client's.
+    /// Parallel to `fleets`: the name a fleet serves the model under, if its own.
     pub served: Vec<Option<String>>,
     /// Sorted regions the stage may use.
     pub residency: Vec<String>,
@@ -228,6 +231,9 @@ impl Topology {
                     hosts: f.hosts,
                     scaling: f.scaling.clone(),
                     members_known: !f.source().is_dynamic(),
+                    engine: f.engine,
+                    engine_api: f.engine_api.clone(),
+                    health_path: f.health_path(&cfg.health_check).to_string(),
                 }
             })
             .collect::<Vec<_>>();

@@ -98,13 +98,37 @@ pub struct ReplicaView {
     pub peer_queued_tokens: u64,
     pub engine_running: u32,
     pub engine_waiting: u32,
-    pub engine_kv_usage: f64,
+    /// `null` where the engine reports none (llama.cpp, TGI).
+    pub engine_kv_usage: Option<f64>,
+    /// The engine's own prefix-cache counters since it started: prompt
+    /// tokens found in the cache, and looked up.
+    #[serde(default)]
+    pub engine_prefix_cache_hits: u64,
+    #[serde(default)]
+    pub engine_prefix_cache_queries: u64,
+    /// The LoRA adapters the engine runs and queues, where it reports them
+    /// (vLLM with `--enable-lora`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine_lora: Option<LoraView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LoraView {
+    pub max: Option<u32>,
+    pub running: Vec<String>,
+    pub waiting: Vec<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct FleetView {
     pub name: String,
     pub region: String,
+    /// The engine dialect its metrics are read in.
+    #[serde(default)]
+    pub engine: String,
+    /// Signals its engine should export and the last scrape lacked.
+    #[serde(default)]
+    pub engine_signals_missing: Vec<String>,
     /// Weight in a weighted stage.
     pub weight: Option<f64>,
     pub traffic_share: Option<f64>,

@@ -130,11 +130,17 @@ async fn decisions(
 }
 
 async fn snapshot(State(s): State<AdminState>) -> Json<SnapshotView> {
-    Json(views::snapshot_view(&s.shared.snapshot()))
+    let mut v = views::snapshot_view(&s.shared.snapshot());
+    views::engine_reports(&mut v.fleets, &s.shared.metrics.engines);
+    Json(v)
 }
 
 async fn stages(State(s): State<AdminState>) -> Json<Vec<StageView>> {
-    Json(views::stage_views(&s.shared.snapshot()))
+    let mut v = views::stage_views(&s.shared.snapshot());
+    for st in &mut v {
+        views::engine_reports(&mut st.fleets, &s.shared.metrics.engines);
+    }
+    Json(v)
 }
 
 async fn stage(
@@ -143,7 +149,10 @@ async fn stage(
 ) -> Result<Json<StageView>, ApiError> {
     let q = query(q)?;
     views::stage_by_name(&s.shared.snapshot(), &q.name)
-        .map(Json)
+        .map(|mut st| {
+            views::engine_reports(&mut st.fleets, &s.shared.metrics.engines);
+            Json(st)
+        })
         .ok_or_else(|| ApiError::NotFound(format!("no stage '{}'", q.name)))
 }
 

@@ -1,7 +1,8 @@
 //! The API's views of a snapshot: the one place that reads the router's
 //! internal state layout for the admin API.
 
-use super::api::{FleetView, Health, ReplicaState, ReplicaView, SnapshotView, StageView};
+use super::api::{FleetView, Health, LoraView, ReplicaState, ReplicaView, SnapshotView, StageView};
+use crate::metrics::EngineMetrics;
 use crate::state::{self, Snapshot, health};
 use crate::topology::Policy;
 
@@ -39,6 +40,8 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
     FleetView {
         name: fleet.name.clone(),
         region: fleet.region.clone(),
+        engine: fleet.engine.as_str().to_string(),
+        engine_signals_missing: Vec::new(),
         weight,
         traffic_share: sf.map(|x| x.traffic_share),
         hit_rate_predicted: sf.and_then(|x| x.hit_rate_predicted),
@@ -76,10 +79,26 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
                     peer_queued_tokens: rep.load.peers().pending_prefill,
                     engine_running: rep.load.engine_running(),
                     engine_waiting: rep.load.engine_waiting(),
-                    engine_kv_usage: rep.load.kv_usage(),
+                    engine_kv_usage: rep.load.engine_kv_usage(),
+                    engine_prefix_cache_hits: rep.load.engine_prefix_cache().0,
+                    engine_prefix_cache_queries: rep.load.engine_prefix_cache().1,
+                    engine_lora: rep.load.engine_lora().map(|l| LoraView {
+                        max: l.max,
+                        running: l.running.clone(),
+                        waiting: l.waiting.clone(),
+                    }),
                 }
             })
             .collect(),
+    }
+}
+
+/// What the last scrape round of each fleet's engines lacked.
+pub fn engine_reports(fleets: &mut [FleetView], engines: &EngineMetrics) {
+    for f in fleets {
+        if let Some(e) = engines.fleet(&f.name) {
+            f.engine_signals_missing = e.missing.iter().map(|s| s.as_str().to_string()).collect();
+        }
     }
 }
 

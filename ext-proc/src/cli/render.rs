@@ -70,7 +70,7 @@ fn replicas_table(stage: &StageView) -> Table {
                 r.inflight.to_string(),
                 r.queued_tokens.to_string(),
                 r.engine_waiting.to_string(),
-                pct(Some(r.engine_kv_usage)),
+                pct(r.engine_kv_usage),
             ]);
         }
     }

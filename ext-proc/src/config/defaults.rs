@@ -96,7 +96,7 @@ impl Default for RoutingConfig {
 impl Default for HealthCheckConfig {
     fn default() -> Self {
         HealthCheckConfig {
-            path: "/health".into(),
+            path: None,
             interval_ms: 1000,
             timeout_ms: 500,
             healthy_threshold: 2,

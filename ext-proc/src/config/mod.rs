@@ -4,6 +4,7 @@
 mod admission;
 mod credentials;
 mod defaults;
+mod engine;
 mod envoy;
 mod grpc;
 mod identity;
@@ -22,6 +23,9 @@ use std::path::Path;
 pub use admission::*;
 pub use credentials::{ApiKey, CredentialsConfig};
 pub use defaults::{EXPLORATION, RESUME_BELOW, TOLERANCE};
+pub use engine::{
+    Engine, EngineApi, EngineMetricsConfig, HealthCheckConfig, MetricMap, MetricSelector,
+};
 pub use envoy::*;
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
 pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};

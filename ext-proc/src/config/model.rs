@@ -1,6 +1,7 @@
 //! The router config file as its users write it: fleets and stages. Routing
 //! per policy is in `routing.rs`, every default in `defaults.rs`.
 
+use super::{EngineMetricsConfig, HealthCheckConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -45,33 +46,6 @@ pub struct RouterConfig {
     /// Who may call the gRPC port (`grpc.rs`).
     #[serde(default)]
     pub grpc: super::GrpcConfig,
-}
-
-#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthCheckConfig {
-    /// Path answered with 200 by a healthy replica.
-    pub path: String,
-    /// Time between two checks of a replica, at least 10.
-    pub interval_ms: u64,
-    /// Bound on one check, 1 to `interval_ms`.
-    pub timeout_ms: u64,
-    /// Consecutive passes before an unhealthy replica rejoins.
-    pub healthy_threshold: u32,
-    /// Consecutive failures before a healthy replica leaves.
-    pub unhealthy_threshold: u32,
-}
-
-/// Scraping each replica's Prometheus endpoint (vLLM metric names).
-#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct EngineMetricsConfig {
-    /// Path of the Prometheus endpoint on each replica.
-    pub path: String,
-    /// 0 turns scraping off.
-    pub interval_ms: u64,
-    /// Bound on one scrape, 1 to `interval_ms`.
-    pub timeout_ms: u64,
 }
 
 /// How long a decision holds its replica's load when the access log never
@@ -161,6 +135,25 @@ pub struct FleetConfig {
     /// client's `Authorization` on requests routed here.
     #[serde(default)]
     pub credentials: Option<super::CredentialsConfig>,
+    /// The inference engine the replicas run: which metrics say their
+    /// load, which path says they are healthy.
+    #[serde(default)]
+    pub engine: super::Engine,
+    /// The engine's endpoints and metric names where they are not its own.
+    #[serde(default, skip_serializing_if = "super::EngineApi::is_default")]
+    pub engine_api: super::EngineApi,
+}
+
+impl FleetConfig {
+    /// The path probed for health: the fleet's own, the deployment's, or
+    /// the engine's.
+    pub fn health_path<'a>(&'a self, hc: &'a HealthCheckConfig) -> &'a str {
+        self.engine_api
+            .health_path
+            .as_deref()
+            .or(hc.path.as_deref())
+            .unwrap_or(self.engine.health_path())
+    }
 }
 
 /// Per-replica targets the autoscaling signal scales to.

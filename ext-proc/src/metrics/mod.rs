@@ -7,6 +7,7 @@
 mod access_log;
 mod admission;
 mod control;
+mod engines;
 mod fleets;
 mod labels;
 mod peers;
@@ -24,6 +25,7 @@ use prometheus_client::registry::Registry;
 pub use access_log::{AccessLog, Entry, EnvoyLog, PrefillEnded, Released};
 pub use admission::{Admission, AdmissionVerdict, StageClass, Verdict};
 pub use control::{Control, EdsRequest, Reload, Unauthenticated};
+pub use engines::{EngineMetrics, FleetEngine, ScrapeResult};
 pub use fleets::{Fleets, ReplicaState, ReplicaStates};
 pub use labels::{FleetLabel, Replica, ResultGauges, Results, StageFleet, Values};
 pub use peers::{Direction, Forwarded, LoadExchange, Peers, PrefixUpdate};
@@ -49,6 +51,8 @@ pub struct Metrics {
     pub admission: Admission,
     /// The membership sources' own counters, read at each scrape.
     pub sources: Arc<SourceMetrics>,
+    /// What the engines' own metrics endpoints gave, per fleet.
+    pub engines: Arc<EngineMetrics>,
 }
 
 impl Default for Metrics {
@@ -74,6 +78,8 @@ impl Metrics {
         let admission = Admission::new(&mut r);
         let sources = Arc::<SourceMetrics>::default();
         registry.register_collector(Box::new(sources.clone()));
+        let engines = Arc::<EngineMetrics>::default();
+        registry.register_collector(Box::new(engines.clone()));
         Metrics {
             registry,
             catalog,
@@ -85,6 +91,7 @@ impl Metrics {
             tenants,
             admission,
             sources,
+            engines,
         }
     }
 

@@ -13,6 +13,13 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
+use arc_swap::ArcSwapOption;
+
+use crate::engine::{EngineReport, LoraState};
+
+/// `engine_kv_usage` of an engine that reports no KV usage.
+const KV_UNKNOWN: u32 = u32::MAX;
+
 /// Fixed-point scale of [`ReplicaLoad::recent`]: decay keeps fractions of a
 /// request without a float in an atomic.
 const RECENT_UNIT: u64 = 1 << 10;
@@ -31,8 +38,15 @@ pub struct ReplicaLoad {
     /// From the engine's metrics endpoint; 0 until first scraped.
     engine_running: AtomicU32,
     engine_waiting: AtomicU32,
-    /// KV-cache usage in parts per 10 000.
+    /// KV-cache usage in parts per 10 000; [`KV_UNKNOWN`] where the engine
+    /// exports none (llama.cpp, TGI).
     engine_kv_usage: AtomicU32,
+    /// The engine's own prefix-cache counters (prompt tokens found, looked
+    /// up), as last scraped.
+    engine_prefix_hits: AtomicU64,
+    engine_prefix_queries: AtomicU64,
+    /// The LoRA adapters the engine reports (vLLM), as last scraped.
+    engine_lora: ArcSwapOption<LoraState>,
     /// The other instances' requests in flight, prefill tokens and requests
     /// not yet answering here, summed; only the peer link writes them.
     peer_inflight: AtomicU32,
@@ -148,15 +162,50 @@ impl ReplicaLoad {
         self.engine_running.load(Relaxed)
     }
 
+    /// KV-cache usage as the engine reports it; 0 where it reports none.
     pub fn kv_usage(&self) -> f64 {
-        f64::from(self.engine_kv_usage.load(Relaxed)) / 10_000.0
+        self.engine_kv_usage().unwrap_or(0.0)
     }
 
-    pub fn set_engine(&self, running: u32, waiting: u32, kv_usage: f64) {
+    /// KV-cache usage; `None` where the engine reports none.
+    pub fn engine_kv_usage(&self) -> Option<f64> {
+        match self.engine_kv_usage.load(Relaxed) {
+            KV_UNKNOWN => None,
+            v => Some(f64::from(v) / 10_000.0),
+        }
+    }
+
+    pub fn set_engine(&self, running: u32, waiting: u32, kv_usage: Option<f64>) {
         self.engine_running.store(running, Relaxed);
         self.engine_waiting.store(waiting, Relaxed);
-        self.engine_kv_usage
-            .store((kv_usage.clamp(0.0, 1.0) * 10_000.0) as u32, Relaxed);
+        let kv = kv_usage.map_or(KV_UNKNOWN, |v| (v.clamp(0.0, 1.0) * 10_000.0) as u32);
+        self.engine_kv_usage.store(kv, Relaxed);
+    }
+
+    /// Everything one scrape found: what it lacks keeps its last value.
+    pub fn set_report(&self, r: &EngineReport) {
+        if let (Some(running), Some(waiting)) = (r.running, r.waiting) {
+            self.set_engine(running as u32, waiting as u32, r.kv_usage);
+        }
+        if let Some((hits, queries)) = r.prefix_cache {
+            self.engine_prefix_hits.store(hits as u64, Relaxed);
+            self.engine_prefix_queries.store(queries as u64, Relaxed);
+        }
+        if r.lora.is_some() {
+            self.engine_lora.store(r.lora.clone().map(Arc::new));
+        }
+    }
+
+    /// The engine's prefix-cache counters: tokens found, tokens looked up.
+    pub fn engine_prefix_cache(&self) -> (u64, u64) {
+        (
+            self.engine_prefix_hits.load(Relaxed),
+            self.engine_prefix_queries.load(Relaxed),
+        )
+    }
+
+    pub fn engine_lora(&self) -> Option<Arc<LoraState>> {
+        self.engine_lora.load_full()
     }
 
     /// Counts one request, with `prefill_tokens` to prefill, until the guard is

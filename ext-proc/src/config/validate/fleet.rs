@@ -15,6 +15,42 @@ pub(super) fn fleet(f: &FleetConfig, p: &str, e: &mut Errors) {
         bounds(b, format!("{p}.hosts"), e);
     }
     scaling(&f.scaling, &format!("{p}.scaling"), e);
+    engine_api(f, &format!("{p}.engine_api"), e);
+}
+
+fn engine_api(f: &FleetConfig, p: &str, e: &mut Errors) {
+    let api = &f.engine_api;
+    if let Some(h) = &api.health_path {
+        e.url_path(format!("{p}.health_path"), h);
+    }
+    if let Some(m) = &api.metrics_path {
+        e.url_path(format!("{p}.metrics_path"), m);
+    }
+    if let Some(port) = api.metrics_port {
+        e.at_least(format!("{p}.metrics_port"), port, 1);
+    }
+    let map = &api.metric_map;
+    for (name, sel) in [
+        ("running", &map.running),
+        ("waiting", &map.waiting),
+        ("kv_usage", &map.kv_usage),
+        ("prefix_cache_hits", &map.prefix_cache_hits),
+        ("prefix_cache_queries", &map.prefix_cache_queries),
+    ] {
+        if let Some(sel) = sel {
+            e.ensure(
+                crate::config::MetricSelector::valid_name(&sel.metric),
+                format!("{p}.metric_map.{name}.metric"),
+                format!("'{}' is not a Prometheus metric name", sel.metric),
+            );
+        }
+    }
+    e.ensure(
+        f.engine != crate::config::Engine::Custom
+            || (map.running.is_some() && map.waiting.is_some()),
+        format!("{p}.metric_map"),
+        "engine: custom needs at least `running` and `waiting`",
+    );
 }
 
 fn cost(c: &CostConfig, p: &str, e: &mut Errors) {

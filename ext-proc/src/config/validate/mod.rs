@@ -193,7 +193,9 @@ pub fn client_header_name(h: &str) -> Result<(), String> {
 }
 
 fn health_check(hc: &HealthCheckConfig, e: &mut Errors) {
-    e.url_path("health_check.path", &hc.path);
+    if let Some(p) = &hc.path {
+        e.url_path("health_check.path", p);
+    }
     e.at_least("health_check.interval_ms", hc.interval_ms, 10);
     e.ensure(
         (1..=hc.interval_ms.max(10)).contains(&hc.timeout_ms),

@@ -20,7 +20,7 @@ pub async fn run_checks(shared: Arc<Shared>) {
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
             let f = FleetId(f);
             for (r, replica) in fleet.replicas.iter() {
-                let url = format!("http://{}{}", replica.addr, cfg.path);
+                let url = format!("http://{}{}", replica.addr, fleet.health_path);
                 // A provider may want its key on every path, probes included.
                 let req = with_key(client.get(&url).timeout(timeout), fleet);
                 probes.push(async move {

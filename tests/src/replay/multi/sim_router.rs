@@ -77,7 +77,7 @@ impl SimRouter for MultiRouter {
             for (r, e) in engines.iter().enumerate() {
                 snap.topo.fleets[0].replicas[fleetroute::topology::ReplicaId(r)]
                     .load
-                    .set_engine(e.running, e.waiting, 0.0);
+                    .set_engine(e.running, e.waiting, Some(0.0));
                 // Oldest first: the leases the engine no longer knows of.
                 let queue = &mut self.by_replica[k][r];
                 while queue
