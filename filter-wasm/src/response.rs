@@ -14,6 +14,9 @@ use serde::Deserialize;
 use crate::contract::UsageTag;
 
 const KEY: &[u8] = b"\"usage\"";
+/// llama.cpp's `timings`: `cache_n` is its cached prompt tokens, for the
+/// releases whose `usage` has no `prompt_tokens_details`.
+const TIMINGS: &[u8] = b"\"timings\"";
 /// `data: [DONE]` at the start of a line.
 const DONE: &[u8] = b"\ndata: [DONE]";
 /// A data line (an SSE event), with or without a space after the colon.
@@ -24,14 +27,30 @@ pub const MAX_OBJECT: usize = 4096;
 /// Bytes of the previous chunk kept to find a needle split across two.
 pub const TAIL: usize = 16;
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Key {
+    Usage,
+    Timings,
+}
+
+impl Key {
+    fn needle(self) -> &'static [u8] {
+        match self {
+            Key::Usage => KEY,
+            Key::Timings => TIMINGS,
+        }
+    }
+}
+
 #[derive(Debug)]
 enum State {
-    /// Looking for the `"usage"` key.
+    /// Looking for the `"usage"` or `"timings"` key.
     Seek,
-    /// Found the key: skipping `:` and blanks up to the value.
-    Value,
+    /// Found a key: skipping `:` and blanks up to the value.
+    Value(Key),
     /// Inside the object: its bytes so far, brace depth, string state.
     Object {
+        key: Key,
         depth: u32,
         in_string: bool,
         escaped: bool,
@@ -47,6 +66,8 @@ pub struct UsageScanner {
     tail: Vec<u8>,
     /// Data lines seen, `[DONE]` included.
     events: u64,
+    /// llama.cpp's `timings.cache_n`, where a `usage` lacks the count.
+    timings_cached: Option<u64>,
     pub tag: UsageTag,
 }
 
@@ -57,6 +78,7 @@ impl Default for UsageScanner {
             object: Vec::new(),
             tail: b"\n".to_vec(),
             events: 0,
+            timings_cached: None,
             tag: UsageTag::default(),
         }
     }
@@ -76,6 +98,20 @@ struct Usage {
 struct Details {
     #[serde(default)]
     cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Timings {
+    #[serde(default)]
+    cache_n: Option<u64>,
+}
+
+/// The first of `"usage"` and `"timings"` in `hay`: where it ends, and which.
+fn find_key(hay: &[u8]) -> Option<(usize, Key)> {
+    [Key::Usage, Key::Timings]
+        .into_iter()
+        .filter_map(|k| memmem::find(hay, k.needle()).map(|i| (i + k.needle().len(), k)))
+        .min_by_key(|&(end, _)| end)
 }
 
 /// Where `needle` ends in `chunk` when it starts in `tail` (the previous
@@ -113,22 +149,26 @@ impl UsageScanner {
             changed = true;
         }
         let mut pos = 0;
-        if matches!(self.state, State::Seek)
-            && let Some(end) = across(&self.tail, chunk, KEY)
-        {
-            self.state = State::Value;
-            pos = end;
+        if matches!(self.state, State::Seek) {
+            let split = [Key::Usage, Key::Timings]
+                .into_iter()
+                .find_map(|k| across(&self.tail, chunk, k.needle()).map(|end| (end, k)));
+            if let Some((end, k)) = split {
+                self.state = State::Value(k);
+                pos = end;
+            }
         }
         while pos < chunk.len() {
             match &mut self.state {
-                State::Seek => match memmem::find(chunk.get(pos..).unwrap_or_default(), KEY) {
-                    Some(i) => {
-                        pos += i + KEY.len();
-                        self.state = State::Value;
+                State::Seek => match find_key(chunk.get(pos..).unwrap_or_default()) {
+                    Some((end, k)) => {
+                        pos += end;
+                        self.state = State::Value(k);
                     }
                     None => break,
                 },
-                State::Value => {
+                State::Value(key) => {
+                    let key = *key;
                     let Some(&b) = chunk.get(pos) else { break };
                     pos += 1;
                     match b {
@@ -137,6 +177,7 @@ impl UsageScanner {
                             self.object.clear();
                             self.object.push(b);
                             self.state = State::Object {
+                                key,
                                 depth: 1,
                                 in_string: false,
                                 escaped: false,
@@ -147,10 +188,12 @@ impl UsageScanner {
                     }
                 }
                 State::Object {
+                    key,
                     depth,
                     in_string,
                     escaped,
                 } => {
+                    let key = *key;
                     let Some(&b) = chunk.get(pos) else { break };
                     pos += 1;
                     if self.object.len() == MAX_OBJECT {
@@ -174,7 +217,7 @@ impl UsageScanner {
                         *depth -= 1;
                         if *depth == 0 {
                             self.state = State::Seek;
-                            changed |= self.parse_object();
+                            changed |= self.parse_object(key);
                         }
                     }
                 }
@@ -200,16 +243,36 @@ impl UsageScanner {
         self.object.len() + self.tail.len()
     }
 
-    fn parse_object(&mut self) -> bool {
-        let Ok(u) = serde_json::from_slice::<Usage>(&self.object) else {
-            return false;
-        };
-        self.tag.usage = Some((
-            u.prompt_tokens,
-            u.completion_tokens,
-            u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-        ));
-        true
+    fn parse_object(&mut self, key: Key) -> bool {
+        match key {
+            Key::Usage => {
+                let Ok(u) = serde_json::from_slice::<Usage>(&self.object) else {
+                    return false;
+                };
+                let cached = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
+                self.tag.usage = Some((
+                    u.prompt_tokens,
+                    u.completion_tokens,
+                    cached.or(self.timings_cached),
+                ));
+                true
+            }
+            // Before or after the usage it completes (llama.cpp writes it after).
+            Key::Timings => {
+                let Ok(t) = serde_json::from_slice::<Timings>(&self.object) else {
+                    return false;
+                };
+                let Some(n) = t.cache_n else { return false };
+                self.timings_cached = Some(n);
+                match &mut self.tag.usage {
+                    Some((_, _, cached @ None)) => {
+                        *cached = Some(n);
+                        true
+                    }
+                    _ => false,
+                }
+            }
+        }
     }
 }
 
@@ -275,6 +338,50 @@ data: [DONE]\n\n";
         s.push(&body);
         assert_eq!(s.tag.usage, None);
         assert!(s.object.len() <= MAX_OBJECT);
+    }
+
+    fn engine_body(name: &str) -> Vec<u8> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/engines");
+        std::fs::read(format!("{dir}/{name}")).expect("fixture")
+    }
+
+    #[test]
+    fn real_engine_bodies() {
+        // (body, usage, done, streamed events)
+        for (name, usage, done) in [
+            ("llama-chat-nonstream.json", (32, 8, Some(0)), false),
+            ("llama-chat-stream.sse", (32, 8, Some(31)), true),
+            ("vllm-chat-nonstream.json", (32, 8, Some(0)), false),
+            ("vllm-chat-stream.sse", (32, 8, Some(0)), true),
+        ] {
+            let body = engine_body(name);
+            // Whole, and cut in 7-byte chunks: the same reading.
+            for chunk in [body.len(), 7] {
+                let mut s = UsageScanner::default();
+                for c in body.chunks(chunk) {
+                    s.push(c);
+                }
+                assert_eq!(s.tag.usage, Some(usage), "{name} in {chunk}-byte chunks");
+                assert_eq!(s.tag.done, done, "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn llamacpp_timings_give_the_cached_count_usage_lacks() {
+        // Releases whose usage has no details: `timings.cache_n`, after it.
+        let t = scan(&[br#"{"usage":{"prompt_tokens":40,"completion_tokens":2},"timings":{"cache_n":31,"prompt_n":9}}"#]);
+        assert_eq!(t.usage, Some((40, 2, Some(31))));
+        // Before it, too; and details win where both are given.
+        let t = scan(&[
+            br#"{"timings":{"cache_n":31},"usage":{"prompt_tokens":40,"completion_tokens":2}}"#,
+        ]);
+        assert_eq!(t.usage, Some((40, 2, Some(31))));
+        let t = scan(&[br#"{"usage":{"prompt_tokens":40,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":32}},"timings":{"cache_n":31}}"#]);
+        assert_eq!(t.usage, Some((40, 2, Some(32))));
+        // A `"timings"` inside generated text is escaped: never read.
+        let t = scan(&[br#"{"content":"say \"timings\":{\"cache_n\":5}","usage":{"prompt_tokens":4,"completion_tokens":1}}"#]);
+        assert_eq!(t.usage, Some((4, 1, None)));
     }
 
     proptest! {
