@@ -5,6 +5,7 @@ pub mod client;
 pub mod dns;
 mod envoy;
 mod instances;
+pub mod llama;
 pub mod procs;
 pub mod redis;
 pub mod scenario;
@@ -184,6 +185,12 @@ impl Lab {
         let mut cmd = Command::new(&bins.engine);
         for (name, addr) in &replicas {
             cmd.arg("--replica").arg(format!("{name}={addr}"));
+        }
+        if replicas.is_empty() {
+            // Every replica is a real engine the test started: the simulator
+            // runs one the config does not name (it wants at least one).
+            cmd.arg("--replica")
+                .arg(format!("unused=127.0.0.1:{}", free_port()));
         }
         cmd.arg("--control").arg(&control).args(spec.engine_args);
         let engine = Proc::spawn("engine", &mut cmd, dir.path());
