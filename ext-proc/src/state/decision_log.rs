@@ -56,6 +56,9 @@ pub struct DecisionRecord {
     /// Why this replica: `key`, `prefix`, `share`, `load_guard` or `load`.
     pub pick: &'static str,
     pub shadow: Option<String>,
+    /// The prompt's tokens as the filter estimates them (bytes / 4), and
+    /// those predicted in the chosen replica's cache, in the same unit.
+    pub prompt_tokens: u64,
     pub predicted_cached_tokens: u64,
 }
 
@@ -81,6 +84,7 @@ impl DecisionRecord {
             arm: r.arm.as_str(),
             pick: r.pick.as_str(),
             shadow: r.shadow.and_then(name),
+            prompt_tokens: r.prompt_tokens,
             predicted_cached_tokens: r.predicted_cached_tokens,
         }
     }
@@ -180,6 +184,7 @@ mod tests {
             arm: "none",
             pick: "key",
             shadow: None,
+            prompt_tokens: 0,
             predicted_cached_tokens: 0,
         }
     }
