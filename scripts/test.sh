@@ -5,6 +5,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+# vLLM on CPU for tests/tests/real_vllm.rs: a virtualenv outside the
+# checkout, made once (about 3 minutes and 6 GB), seconds after.
+FLEETROUTE_VLLM_VENV=$(scripts/setup-vllm.sh)
+export FLEETROUTE_VLLM_VENV
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -10,9 +10,11 @@
 //! tokens the engine did reuse, over all predicted; recall: reused tokens
 //! that were predicted, over all reused.
 //!
-//! `cargo run --release -p fleetroute-tests --bin fleetroute-prefix-precision`
-//! (after `scripts/build.sh`; needs llama-server from `scripts/setup.sh`).
+//! `cargo run --release -p fleetroute-tests --bin fleetroute-prefix-precision [BLOCK_BYTES]`
+//! (after `scripts/build.sh`; needs llama-server from `scripts/setup.sh`);
+//! `BLOCK_BYTES` sets the filter's `block_bytes` (default: the filter's own).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use fleetroute_tests::harness::client::{self, post};
@@ -89,6 +91,16 @@ fn figures(samples: &[Sample]) -> Figures {
     }
 }
 
+/// The filter's `block_bytes` for this run, if not its default.
+static BLOCK_BYTES: OnceLock<usize> = OnceLock::new();
+
+fn with_block_bytes(envoy: &str) -> String {
+    match BLOCK_BYTES.get() {
+        Some(b) => envoy.replacen("\"block_bytes\": 1024", &format!("\"block_bytes\": {b}"), 1),
+        None => envoy.to_string(),
+    }
+}
+
 struct Rig {
     lab: Lab,
     _servers: Vec<LlamaServer>,
@@ -112,6 +124,7 @@ fn start() -> Rig {
         engine.to_str().expect("UTF-8 path"),
         LabSpec {
             router: &router,
+            envoy_edit: Some(with_block_bytes),
             ..Default::default()
         },
     );
@@ -214,6 +227,10 @@ fn agent(lab: &Lab) -> Vec<Sample> {
 }
 
 fn main() {
+    if let Some(b) = std::env::args().nth(1) {
+        let b: usize = b.parse().expect("BLOCK_BYTES: a number");
+        BLOCK_BYTES.set(b).expect("set once");
+    }
     let rig = start();
     println!(
         "workload  requests  prompt_tokens  reused(engine)  predicted  precision  recall  false_hits  missed_hits"

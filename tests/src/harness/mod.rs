@@ -11,6 +11,7 @@ pub mod redis;
 pub mod scenario;
 pub mod steady_load;
 pub mod time;
+pub mod vllm;
 
 pub use time::{pace, wait_for_value, wait_until};
 
