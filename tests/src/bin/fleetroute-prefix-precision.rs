@@ -10,9 +10,10 @@
 //! tokens the engine did reuse, over all predicted; recall: reused tokens
 //! that were predicted, over all reused.
 //!
-//! `cargo run --release -p fleetroute-tests --bin fleetroute-prefix-precision [BLOCK_BYTES]`
-//! (after `scripts/build.sh`; needs llama-server from `scripts/setup.sh`);
-//! `BLOCK_BYTES` sets the filter's `block_bytes` (default: the filter's own).
+//! `cargo run --release -p fleetroute-tests --bin fleetroute-prefix-precision [ENGINE] [BLOCK_BYTES]`
+//! (after `scripts/build.sh`): `ENGINE` is `llamacpp` (two servers, the
+//! default; `scripts/setup.sh`) or `vllm` (one server; `scripts/setup-vllm.sh`),
+//! `BLOCK_BYTES` the filter's `block_bytes` (default: the filter's own).
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -20,6 +21,7 @@ use std::time::Duration;
 use fleetroute_tests::harness::client::{self, post};
 use fleetroute_tests::harness::llama::{Llama, LlamaServer, MODEL};
 use fleetroute_tests::harness::scenario::chat_url;
+use fleetroute_tests::harness::vllm::VllmServer;
 use fleetroute_tests::harness::{Lab, LabSpec, wait_for_value};
 use serde_json::{Value, json};
 
@@ -30,9 +32,9 @@ default_stage: chat
 fleets:
   - name: local
     region: here
-    engine: llamacpp
-    endpoints: ["A", "B"]
-    capacity: { kv_cache_tokens: 4096 }
+    engine: ENGINE
+    endpoints: [ENDPOINTS]
+    capacity: { kv_cache_tokens: CACHE }
 stages:
   - name: chat
     models: [smollm2]
@@ -103,20 +105,37 @@ fn with_block_bytes(envoy: &str) -> String {
 
 struct Rig {
     lab: Lab,
-    _servers: Vec<LlamaServer>,
+    _llama: Vec<LlamaServer>,
+    _vllm: Option<VllmServer>,
     _dir: tempfile::TempDir,
 }
 
-fn start() -> Rig {
-    let llama = Llama::require();
+fn start(engine_name: &str) -> Rig {
     let dir = tempfile::tempdir().expect("temp dir");
-    let servers: Vec<LlamaServer> = ["a", "b"]
-        .iter()
-        .map(|n| LlamaServer::start(&llama, n, dir.path()))
-        .collect();
+    let (llama, vllm, addrs, cache) = match engine_name {
+        "llamacpp" => {
+            let l = Llama::require();
+            let servers: Vec<LlamaServer> = ["a", "b"]
+                .iter()
+                .map(|n| LlamaServer::start(&l, n, dir.path()))
+                .collect();
+            let addrs: Vec<String> = servers.iter().map(|s| s.addr.clone()).collect();
+            // One unified 4096-token context per server.
+            (servers, None, addrs, 4096)
+        }
+        "vllm" => {
+            let v = VllmServer::start("a", dir.path());
+            let addrs = vec![v.addr.clone()];
+            // VLLM_CPU_KVCACHE_SPACE=1 (GiB) holds about 45,000 tokens of this model.
+            (Vec::new(), Some(v), addrs, 40_000)
+        }
+        other => panic!("ENGINE is llamacpp or vllm, not {other}"),
+    };
+    let endpoints: Vec<String> = addrs.iter().map(|a| format!("\"{a}\"")).collect();
     let router = ROUTER
-        .replace("\"A\"", &format!("\"{}\"", servers[0].addr))
-        .replace("\"B\"", &format!("\"{}\"", servers[1].addr));
+        .replace("ENGINE", engine_name)
+        .replace("ENDPOINTS", &endpoints.join(", "))
+        .replace("CACHE", &cache.to_string());
     let engine = std::env::current_exe()
         .expect("own path")
         .with_file_name("fleetroute-engine");
@@ -130,7 +149,8 @@ fn start() -> Rig {
     );
     Rig {
         lab,
-        _servers: servers,
+        _llama: llama,
+        _vllm: vllm,
         _dir: dir,
     }
 }
@@ -227,11 +247,16 @@ fn agent(lab: &Lab) -> Vec<Sample> {
 }
 
 fn main() {
-    if let Some(b) = std::env::args().nth(1) {
+    let engine = std::env::args().nth(1).unwrap_or_else(|| "llamacpp".into());
+    if let Some(b) = std::env::args().nth(2) {
         let b: usize = b.parse().expect("BLOCK_BYTES: a number");
         BLOCK_BYTES.set(b).expect("set once");
     }
-    let rig = start();
+    let rig = start(&engine);
+    println!(
+        "engine {engine}, block_bytes {}",
+        BLOCK_BYTES.get().copied().unwrap_or(1024)
+    );
     println!(
         "workload  requests  prompt_tokens  reused(engine)  predicted  precision  recall  false_hits  missed_hits"
     );

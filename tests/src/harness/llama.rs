@@ -68,6 +68,8 @@ pub struct LlamaServer {
     pub addr: String,
     llama: Llama,
     dir: PathBuf,
+    /// Arguments after the defaults (a later one wins).
+    extra: Vec<String>,
     starts: u32,
     pub proc: Proc,
 }
@@ -75,13 +77,20 @@ pub struct LlamaServer {
 impl LlamaServer {
     /// Starts a server and waits until `/health` answers 200 (model loaded).
     pub fn start(llama: &Llama, name: &str, dir: &Path) -> LlamaServer {
+        Self::start_with(llama, name, dir, &[])
+    }
+
+    /// [`LlamaServer::start`] with more arguments, e.g. `--parallel 8`.
+    pub fn start_with(llama: &Llama, name: &str, dir: &Path, extra: &[&str]) -> LlamaServer {
         let addr = format!("127.0.0.1:{}", free_port());
-        let proc = Self::spawn(llama, name, &addr, dir, 0);
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let proc = Self::spawn(llama, name, &addr, dir, 0, &extra);
         let mut s = LlamaServer {
             name: name.to_string(),
             addr,
             llama: llama.clone(),
             dir: dir.to_path_buf(),
+            extra,
             starts: 1,
             proc,
         };
@@ -89,7 +98,7 @@ impl LlamaServer {
         s
     }
 
-    fn spawn(llama: &Llama, name: &str, addr: &str, dir: &Path, n: u32) -> Proc {
+    fn spawn(llama: &Llama, name: &str, addr: &str, dir: &Path, n: u32, extra: &[String]) -> Proc {
         let (host, port) = addr.rsplit_once(':').expect("ip:port");
         let mut cmd = Command::new(&llama.server);
         cmd.arg("-m")
@@ -98,7 +107,8 @@ impl LlamaServer {
             // Two slots sharing one unified 4096-token cache, one thread:
             // two servers and the rest of a test fit on two cores.
             .args(["-c", "4096", "--parallel", "2", "--kv-unified"])
-            .args(["--threads", "1", "--metrics", "--slots", "--no-webui"]);
+            .args(["--threads", "1", "--metrics", "--slots", "--no-webui"])
+            .args(extra);
         Proc::spawn(&format!("llama-{name}-{n}"), &mut cmd, dir)
     }
 
@@ -127,7 +137,14 @@ impl LlamaServer {
     /// Starts it again on the same port, with an empty cache.
     pub fn restart(&mut self) {
         self.proc.stop();
-        self.proc = Self::spawn(&self.llama, &self.name, &self.addr, &self.dir, self.starts);
+        self.proc = Self::spawn(
+            &self.llama,
+            &self.name,
+            &self.addr,
+            &self.dir,
+            self.starts,
+            &self.extra,
+        );
         self.starts += 1;
         self.wait_healthy();
     }
