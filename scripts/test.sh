@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
+# llama.cpp's server for tests/tests/real_llamacpp.rs (built once, about 6
+# minutes on 2 cores).
+scripts/setup-llamacpp.sh
 # vLLM on CPU for tests/tests/real_vllm.rs: a virtualenv outside the
 # checkout, made once (about 3 minutes and 6 GB), seconds after.
 FLEETROUTE_VLLM_VENV=$(scripts/setup-vllm.sh)

@@ -7,7 +7,7 @@
 //! Times are the client's (non-streaming requests: `max_tokens: 1` for the
 //! first token, longer ones for decode); token counts are each engine's own
 //! `usage`. `cargo run --release -p fleetroute-tests --bin fleetroute-calibrate`
-//! (needs llama-server from `scripts/setup.sh`).
+//! (needs llama-server from `scripts/setup-llamacpp.sh`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -23,11 +23,24 @@ const BATCHES: [usize; 4] = [1, 2, 4, 8];
 const DECODE_TOKENS: u64 = 48;
 const RUNS: usize = 3;
 
+/// Plain English prose: about four bytes per token, as the simulator
+/// counts (bytes / 4) and as chat text tokenizes.
+const PROSE: [&str; 6] = [
+    "The keeper climbed the narrow stairs of the lighthouse before dawn. ",
+    "Below, fishing boats were leaving the harbour one after another. ",
+    "She checked the lamp, wrote the weather in the log, and made tea. ",
+    "By noon the wind had turned, and the sea was grey and restless. ",
+    "A supply ship was due on Thursday, with letters and fresh bread. ",
+    "At night the beam swept over the water every twelve seconds. ",
+];
+
 /// A prompt of about `words` words that no earlier request shares.
 fn prompt(nonce: usize, words: usize) -> String {
     let mut s = format!("Request {nonce}. ");
-    for i in 0..words {
-        s.push_str(["river ", "stone ", "light ", "market ", "engine "][(i * 7 + nonce) % 5]);
+    let mut i = nonce;
+    while s.split(' ').count() < words {
+        s.push_str(PROSE[i % PROSE.len()]);
+        i += 1;
     }
     s
 }
@@ -115,19 +128,27 @@ fn measure(addr: &str, nonce0: usize) -> Curves {
     }
 }
 
-/// Prefill tokens per second between the shortest and longest prompt, and
-/// the batch-of-one decode time: the simulator's two parameters.
-fn fit(c: &Curves) -> (f64, f64) {
+/// The simulator's parameters: prefill tokens per second between the
+/// shortest and longest prompt, the batch-of-one decode time, and what each
+/// other running request adds to it (between batches of one and eight).
+fn fit(c: &Curves) -> (f64, f64, f64) {
     let (a, b) = (c.ttft[0], c.ttft[c.ttft.len() - 1]);
-    ((b.0 - a.0) / ((b.1 - a.1) / 1000.0), c.decode[0].1)
+    let (one, many) = (c.decode[0], c.decode[c.decode.len() - 1]);
+    let slope = ((many.1 - one.1) / (many.0 - one.0) as f64).max(0.0);
+    ((b.0 - a.0) / ((b.1 - a.1) / 1000.0), one.1, slope)
 }
 
 fn main() {
     let llama = Llama::require();
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = LlamaServer::start_with(&llama, "calibrate", dir.path(), &["--parallel", "8"]);
+    let server = LlamaServer::start_with(
+        &llama,
+        "calibrate",
+        dir.path(),
+        &["--parallel", "8", "--threads", "2"],
+    );
     let real = measure(&server.addr, 0);
-    let (prefill, decode) = fit(&real);
+    let (prefill, decode, slope) = fit(&real);
     drop(server);
 
     let engine = std::env::current_exe()
@@ -138,6 +159,7 @@ fn main() {
     cmd.args(["--replica", &format!("sim={addr}")])
         .args(["--prefill-tokens-per-sec", &format!("{prefill:.1}")])
         .args(["--decode-ms-per-token", &format!("{decode:.2}")])
+        .args(["--decode-ms-per-running", &format!("{slope:.2}")])
         .args(["--max-batch", "8"]);
     let mut sim = Proc::spawn("sim", &mut cmd, dir.path());
     wait_until("the simulated engine", Duration::from_secs(10), || {
@@ -147,7 +169,8 @@ fn main() {
     let simulated = measure(&addr, 10_000);
 
     println!(
-        "fitted: prefill {prefill:.0} tokens/s, decode {decode:.2} ms/token (llama.cpp, batch of one)\n"
+        "fitted: prefill {prefill:.0} tokens/s, decode {decode:.2} ms/token at a batch of one, \
+         +{slope:.2} ms per other running request (llama.cpp, 2 threads)\n"
     );
     println!("first token by prompt length (ms)");
     println!("  prompt tokens (real/sim)   llama.cpp   simulator   sim/real");
@@ -172,7 +195,7 @@ fn main() {
             s.1 / r.1
         );
     }
-    println!("\na ~1200-token prompt sent again with a suffix (first token, ms)");
+    println!("\na ~900-word prompt sent again with a suffix (first token, ms)");
     println!("             cold      warm   cached tokens");
     for (name, c) in [("llama.cpp", real.reuse), ("simulator", simulated.reuse)] {
         println!("  {name:<9} {:>6.1}   {:>7.1}   {:>13.0}", c.0, c.1, c.2);

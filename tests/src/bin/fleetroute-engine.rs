@@ -29,6 +29,10 @@ struct Args {
     prefill_tokens_per_sec: f64,
     #[arg(long, default_value_t = 2.0)]
     decode_ms_per_token: f64,
+    /// Added to each token's decode per other request running (a CPU
+    /// engine's decode slows with its batch; an accelerator's barely).
+    #[arg(long, default_value_t = 0.0)]
+    decode_ms_per_running: f64,
     /// Requests running at once per replica; more wait in a FIFO queue.
     #[arg(long, default_value_t = 8)]
     max_batch: usize,
@@ -86,6 +90,7 @@ async fn main() -> ExitCode {
             latency: LatencyModel {
                 prefill_tokens_per_sec: a.prefill_tokens_per_sec,
                 decode_ms_per_token: a.decode_ms_per_token,
+                decode_ms_per_running: a.decode_ms_per_running,
                 max_batch: a.max_batch,
             },
             default_max_tokens: a.default_max_tokens,

@@ -12,7 +12,7 @@
 //!
 //! `cargo run --release -p fleetroute-tests --bin fleetroute-prefix-precision [ENGINE] [BLOCK_BYTES]`
 //! (after `scripts/build.sh`): `ENGINE` is `llamacpp` (two servers, the
-//! default; `scripts/setup.sh`) or `vllm` (one server; `scripts/setup-vllm.sh`),
+//! default; `scripts/setup-llamacpp.sh`) or `vllm` (one server; `scripts/setup-vllm.sh`),
 //! `BLOCK_BYTES` the filter's `block_bytes` (default: the filter's own).
 
 use std::sync::OnceLock;

@@ -219,6 +219,7 @@ fn main() {
                 latency: LatencyModel {
                     prefill_tokens_per_sec: a.prefill_tokens_per_sec,
                     decode_ms_per_token: a.decode_ms_per_token,
+                    decode_ms_per_running: 0.0,
                     max_batch: a.max_batch,
                 },
                 max_queue: a.max_queue,

@@ -178,7 +178,8 @@ impl Prepared {
             let n = job.usage.completion_tokens;
             let mut at = Instant::now();
             for i in 0..n {
-                at += duration(job.rep.latency().decode_ms(1));
+                let running = job.rep.stats.running.load(Relaxed);
+                at += duration(job.rep.latency().decode_ms_running(1, running));
                 sleep_until(at).await;
                 if job.die_at == Some(i) {
                     // Let the connection flush what was sent before it breaks.
@@ -210,7 +211,8 @@ impl Prepared {
 impl Job {
     async fn whole(self, kill: Option<Kill>) -> Response {
         let tokens = self.die_at.unwrap_or(self.usage.completion_tokens);
-        pause(self.rep.latency().decode_ms(tokens)).await;
+        let running = self.rep.stats.running.load(Relaxed);
+        pause(self.rep.latency().decode_ms_running(tokens, running)).await;
         self.rep.stats.generation_tokens.fetch_add(tokens, Relaxed);
         if self.die_at.is_some() {
             if let Some(kill) = kill {

@@ -15,7 +15,11 @@
 //! `queue_ms` is the wait for a batch slot plus the prefills ahead in the lane.
 //! A slow fault multiplies prefill and decode by its factor
 //! ([`LatencyModel::slowed`]); queueing grows by itself, as the requests ahead
-//! are slowed too. Decodes of the batch run side by side.
+//! are slowed too. Decodes of the batch run side by side, each token
+//! `decode_ms_per_running` slower for every other request running (0: an
+//! accelerator whose decode is bound by memory, not compute; a CPU engine's
+//! grows with the batch, see BENCHMARKS.md "The simulator, calibrated").
+//! The trace replay models the batch of one (`decode_ms`).
 
 use std::time::Duration;
 
@@ -23,6 +27,8 @@ use std::time::Duration;
 pub struct LatencyModel {
     pub prefill_tokens_per_sec: f64,
     pub decode_ms_per_token: f64,
+    /// Added to each token's decode per other request running.
+    pub decode_ms_per_running: f64,
     /// Requests running at once; later ones queue.
     pub max_batch: usize,
 }
@@ -34,6 +40,13 @@ impl LatencyModel {
 
     pub fn decode_ms(&self, tokens: u64) -> f64 {
         tokens as f64 * self.decode_ms_per_token
+    }
+
+    /// Decode time of `tokens` while `running` requests (this one included)
+    /// share the replica.
+    pub fn decode_ms_running(&self, tokens: u64, running: u64) -> f64 {
+        let others = running.saturating_sub(1) as f64;
+        tokens as f64 * (self.decode_ms_per_token + others * self.decode_ms_per_running)
     }
 
     /// Time to first token after `queue_ms` in the queue.
@@ -51,6 +64,7 @@ impl LatencyModel {
         LatencyModel {
             prefill_tokens_per_sec: self.prefill_tokens_per_sec / factor,
             decode_ms_per_token: self.decode_ms_per_token * factor,
+            decode_ms_per_running: self.decode_ms_per_running * factor,
             max_batch: self.max_batch,
         }
     }
@@ -84,6 +98,7 @@ mod tests {
     const M: LatencyModel = LatencyModel {
         prefill_tokens_per_sec: 20_000.0,
         decode_ms_per_token: 2.0,
+        decode_ms_per_running: 0.0,
         max_batch: 8,
     };
 
@@ -94,6 +109,17 @@ mod tests {
         assert_eq!(M.decode_ms(16), 32.0);
         assert_eq!(M.ttft_ms(5.0, 2_000), 5.0 + 100.0 + 2.0);
         assert_eq!(M.total_ms(5.0, 2_000, 16), 5.0 + 100.0 + 32.0);
+    }
+
+    #[test]
+    fn decode_slows_with_the_batch_only_when_asked() {
+        assert_eq!(M.decode_ms_running(16, 8), M.decode_ms(16));
+        let cpu = LatencyModel {
+            decode_ms_per_running: 10.0,
+            ..M
+        };
+        assert_eq!(cpu.decode_ms_running(16, 1), cpu.decode_ms(16));
+        assert_eq!(cpu.decode_ms_running(16, 4), 16.0 * (2.0 + 3.0 * 10.0));
     }
 
     #[test]

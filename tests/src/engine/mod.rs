@@ -108,6 +108,9 @@ impl EngineConfig {
         if !(l.decode_ms_per_token.is_finite() && l.decode_ms_per_token >= 0.0) {
             return Err("decode-ms-per-token must be zero or more".into());
         }
+        if !(l.decode_ms_per_running.is_finite() && l.decode_ms_per_running >= 0.0) {
+            return Err("decode-ms-per-running must be zero or more".into());
+        }
         if l.max_batch == 0 || l.max_batch > 1 << 20 {
             return Err("max-batch must be between 1 and 1048576".into());
         }

