@@ -6,8 +6,9 @@
 //!
 //! Times are the client's (non-streaming requests: `max_tokens: 1` for the
 //! first token, longer ones for decode); token counts are each engine's own
-//! `usage`. `cargo run --release -p fleetroute-tests --bin fleetroute-calibrate`
-//! (needs llama-server from `scripts/setup-llamacpp.sh`).
+//! `usage`. `cargo run --release -p fleetroute-tests --bin fleetroute-calibrate [llamacpp|vllm]`
+//! (llama-server from `scripts/setup-llamacpp.sh`, vLLM from
+//! `scripts/setup-vllm.sh`).
 
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -15,6 +16,7 @@ use std::time::{Duration, Instant};
 use fleetroute_tests::harness::client::{self, post};
 use fleetroute_tests::harness::llama::{Llama, LlamaServer, MODEL};
 use fleetroute_tests::harness::procs::{Proc, free_port};
+use fleetroute_tests::harness::vllm::VllmServer;
 use fleetroute_tests::harness::wait_until;
 use serde_json::{Value, json};
 
@@ -139,17 +141,22 @@ fn fit(c: &Curves) -> (f64, f64, f64) {
 }
 
 fn main() {
-    let llama = Llama::require();
+    let which = std::env::args().nth(1).unwrap_or_else(|| "llamacpp".into());
     let dir = tempfile::tempdir().expect("temp dir");
-    let server = LlamaServer::start_with(
-        &llama,
-        "calibrate",
-        dir.path(),
-        &["--parallel", "8", "--threads", "2"],
-    );
-    let real = measure(&server.addr, 0);
+    let real = match which.as_str() {
+        "llamacpp" => {
+            let server = LlamaServer::start_with(
+                &Llama::require(),
+                "calibrate",
+                dir.path(),
+                &["--parallel", "8", "--threads", "2"],
+            );
+            measure(&server.addr, 0)
+        }
+        "vllm" => measure(&VllmServer::start("calibrate", dir.path()).addr, 0),
+        other => panic!("the engine is llamacpp or vllm, not {other}"),
+    };
     let (prefill, decode, slope) = fit(&real);
-    drop(server);
 
     let engine = std::env::current_exe()
         .expect("own path")
@@ -170,10 +177,10 @@ fn main() {
 
     println!(
         "fitted: prefill {prefill:.0} tokens/s, decode {decode:.2} ms/token at a batch of one, \
-         +{slope:.2} ms per other running request (llama.cpp, 2 threads)\n"
+         +{slope:.2} ms per other running request ({which})\n"
     );
     println!("first token by prompt length (ms)");
-    println!("  prompt tokens (real/sim)   llama.cpp   simulator   sim/real");
+    println!("  prompt tokens (real/sim)        real   simulator   sim/real");
     for (r, s) in real.ttft.iter().zip(&simulated.ttft) {
         println!(
             "  {:>6.0} / {:<6.0}           {:>9.1}   {:>9.1}   {:>8.2}",
@@ -185,7 +192,7 @@ fn main() {
         );
     }
     println!("\ndecode time per token by batch size (ms)");
-    println!("  batch   llama.cpp   simulator   sim/real");
+    println!("  batch        real   simulator   sim/real");
     for (r, s) in real.decode.iter().zip(&simulated.decode) {
         println!(
             "  {:>5}   {:>9.2}   {:>9.2}   {:>8.2}",
@@ -197,7 +204,7 @@ fn main() {
     }
     println!("\na ~900-word prompt sent again with a suffix (first token, ms)");
     println!("             cold      warm   cached tokens");
-    for (name, c) in [("llama.cpp", real.reuse), ("simulator", simulated.reuse)] {
+    for (name, c) in [(which.as_str(), real.reuse), ("simulator", simulated.reuse)] {
         println!("  {name:<9} {:>6.1}   {:>7.1}   {:>13.0}", c.0, c.1, c.2);
     }
     sim.stop();
