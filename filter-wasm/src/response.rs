@@ -66,8 +66,6 @@ pub struct UsageScanner {
     tail: Vec<u8>,
     /// Data lines seen, `[DONE]` included.
     events: u64,
-    /// llama.cpp's `timings.cache_n`, where a `usage` lacks the count.
-    timings_cached: Option<u64>,
     pub tag: UsageTag,
 }
 
@@ -78,7 +76,6 @@ impl Default for UsageScanner {
             object: Vec::new(),
             tail: b"\n".to_vec(),
             events: 0,
-            timings_cached: None,
             tag: UsageTag::default(),
         }
     }
@@ -106,12 +103,48 @@ struct Timings {
     cache_n: Option<u64>,
 }
 
-/// The first of `"usage"` and `"timings"` in `hay`: where it ends, and which.
-fn find_key(hay: &[u8]) -> Option<(usize, Key)> {
-    [Key::Usage, Key::Timings]
-        .into_iter()
-        .filter_map(|k| memmem::find(hay, k.needle()).map(|i| (i + k.needle().len(), k)))
-        .min_by_key(|&(end, _)| end)
+/// Finds the keys in one chunk, each needle's next match remembered so a
+/// chunk is searched once per needle however many keys it holds (a `"usage"`
+/// per SSE event, a `"timings"` in the last one at most).
+struct Keys<'a> {
+    chunk: &'a [u8],
+    /// Per key: the next match's start at or after the last search, `None`
+    /// once none is left; unset before the first search.
+    next: [Option<Option<usize>>; 2],
+}
+
+impl<'a> Keys<'a> {
+    fn new(chunk: &'a [u8]) -> Self {
+        Keys {
+            chunk,
+            next: [None, None],
+        }
+    }
+
+    /// The first key starting at or after `pos`: where it ends, and which.
+    /// `timings`: llama.cpp's `"timings"` too, only worth a search after a
+    /// usage without its cached count (llama.cpp writes it after the usage).
+    fn find(&mut self, pos: usize, timings: bool) -> Option<(usize, Key)> {
+        let chunk = self.chunk;
+        let wanted = if timings { 2 } else { 1 };
+        [Key::Usage, Key::Timings]
+            .into_iter()
+            .zip(self.next.iter_mut())
+            .take(wanted)
+            .filter_map(|(k, next)| {
+                let stale = match *next {
+                    None => true,
+                    Some(Some(at)) => at < pos,
+                    Some(None) => false,
+                };
+                if stale {
+                    let rest = chunk.get(pos..).unwrap_or_default();
+                    *next = Some(memmem::find(rest, k.needle()).map(|i| pos + i));
+                }
+                next.flatten().map(|at| (at + k.needle().len(), k))
+            })
+            .min_by_key(|&(end, _)| end)
+    }
 }
 
 /// Where `needle` ends in `chunk` when it starts in `tail` (the previous
@@ -120,9 +153,14 @@ fn across(tail: &[u8], chunk: &[u8], needle: &[u8]) -> Option<usize> {
     let head = chunk
         .get(..chunk.len().min(needle.len().saturating_sub(1)))
         .unwrap_or_default();
-    let mut joined = Vec::with_capacity(tail.len() + head.len());
-    joined.extend_from_slice(tail);
-    joined.extend_from_slice(head);
+    // On the stack: the tail is at most TAIL bytes, a needle at most 16.
+    let mut buf = [0u8; TAIL + 16];
+    let len = tail.len() + head.len();
+    let joined = buf.get_mut(..len)?;
+    let (t, h) = joined.split_at_mut(tail.len());
+    t.copy_from_slice(tail);
+    h.copy_from_slice(head);
+    let joined = &*joined;
     let from = tail.len().saturating_sub(needle.len().saturating_sub(1));
     memmem::find_iter(joined.get(from..).unwrap_or_default(), needle)
         .map(|i| from + i + needle.len())
@@ -148,21 +186,13 @@ impl UsageScanner {
             self.tag.done = true;
             changed = true;
         }
-        let mut pos = 0;
-        if matches!(self.state, State::Seek) {
-            let split = [Key::Usage, Key::Timings]
-                .into_iter()
-                .find_map(|k| across(&self.tail, chunk, k.needle()).map(|end| (end, k)));
-            if let Some((end, k)) = split {
-                self.state = State::Value(k);
-                pos = end;
-            }
-        }
+        let mut pos = self.split_key(chunk);
+        let mut keys = Keys::new(chunk);
         while pos < chunk.len() {
             match &mut self.state {
-                State::Seek => match find_key(chunk.get(pos..).unwrap_or_default()) {
+                State::Seek => match keys.find(pos, self.wants_timings()) {
                     Some((end, k)) => {
-                        pos += end;
+                        pos = end;
                         self.state = State::Value(k);
                     }
                     None => break,
@@ -237,6 +267,35 @@ impl UsageScanner {
         changed
     }
 
+    /// A key split across the previous chunk and this one: where in this
+    /// chunk scanning resumes (0 if none).
+    fn split_key(&mut self, chunk: &[u8]) -> usize {
+        if !matches!(self.state, State::Seek) {
+            return 0;
+        }
+        let keys: &[Key] = if self.wants_timings() {
+            &[Key::Usage, Key::Timings]
+        } else {
+            &[Key::Usage]
+        };
+        let split = keys
+            .iter()
+            .find_map(|&k| across(&self.tail, chunk, k.needle()).map(|end| (end, k)));
+        match split {
+            Some((end, k)) => {
+                self.state = State::Value(k);
+                end
+            }
+            None => 0,
+        }
+    }
+
+    /// A usage came without its cached count: llama.cpp's `timings` may
+    /// follow with it.
+    fn wants_timings(&self) -> bool {
+        matches!(self.tag.usage, Some((_, _, None)))
+    }
+
     /// Bytes held between chunks: at most [`MAX_OBJECT`] + [`TAIL`], whatever
     /// the body.
     pub fn retained(&self) -> usize {
@@ -250,20 +309,15 @@ impl UsageScanner {
                     return false;
                 };
                 let cached = u.prompt_tokens_details.and_then(|d| d.cached_tokens);
-                self.tag.usage = Some((
-                    u.prompt_tokens,
-                    u.completion_tokens,
-                    cached.or(self.timings_cached),
-                ));
+                self.tag.usage = Some((u.prompt_tokens, u.completion_tokens, cached));
                 true
             }
-            // Before or after the usage it completes (llama.cpp writes it after).
+            // After the usage it completes, as llama.cpp writes it.
             Key::Timings => {
                 let Ok(t) = serde_json::from_slice::<Timings>(&self.object) else {
                     return false;
                 };
                 let Some(n) = t.cache_n else { return false };
-                self.timings_cached = Some(n);
                 match &mut self.tag.usage {
                     Some((_, _, cached @ None)) => {
                         *cached = Some(n);
@@ -372,11 +426,11 @@ data: [DONE]\n\n";
         // Releases whose usage has no details: `timings.cache_n`, after it.
         let t = scan(&[br#"{"usage":{"prompt_tokens":40,"completion_tokens":2},"timings":{"cache_n":31,"prompt_n":9}}"#]);
         assert_eq!(t.usage, Some((40, 2, Some(31))));
-        // Before it, too; and details win where both are given.
+        // Only after it, as llama.cpp writes it; details win where both are given.
         let t = scan(&[
             br#"{"timings":{"cache_n":31},"usage":{"prompt_tokens":40,"completion_tokens":2}}"#,
         ]);
-        assert_eq!(t.usage, Some((40, 2, Some(31))));
+        assert_eq!(t.usage, Some((40, 2, None)));
         let t = scan(&[br#"{"usage":{"prompt_tokens":40,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":32}},"timings":{"cache_n":31}}"#]);
         assert_eq!(t.usage, Some((40, 2, Some(32))));
         // A `"timings"` inside generated text is escaped: never read.
