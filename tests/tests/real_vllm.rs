@@ -52,6 +52,16 @@ fn vllm_dialect_cache_reuse_and_a_runtime_adapter() {
     })
     .expect("the vLLM replica never became ready");
 
+    // Sleep mode is refused on CPU (`--enable-sleep-mode` stops the server
+    // at start): only its API state can be checked here.
+    let (status, body) =
+        client::blocking_get(&format!("http://{}/is_sleeping", server.addr)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["is_sleeping"],
+        false
+    );
+
     // Cache reuse as vLLM reports it: whole 128-token blocks of a prompt
     // sent again.
     let system = "You are a careful assistant for a hardware store. ".repeat(30);

@@ -57,7 +57,10 @@ impl VllmServer {
             .args(["--enable-prefix-caching", "--enable-prompt-tokens-details"])
             .args(["--enable-lora", "--max-loras", "2", "--max-lora-rank", "8"])
             .env("VLLM_CPU_KVCACHE_SPACE", "1")
-            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True");
+            .env("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "True")
+            // `/is_sleeping` and the other development endpoints. Sleep mode
+            // itself (`--enable-sleep-mode`) is refused on CPU at start.
+            .env("VLLM_SERVER_DEV_MODE", "1");
         let mut proc = Proc::spawn(&format!("vllm-{name}"), &mut cmd, dir);
         let url = format!("http://{addr}/health");
         wait_until("vLLM to load its model", Duration::from_secs(240), || {
