@@ -22,6 +22,7 @@ Prints precision, recall and the per-request cost of the prediction
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -206,7 +207,10 @@ def main():
          "--enable-prompt-tokens-details", "--kv-events-config",
          json.dumps({"enable_kv_cache_events": True, "publisher": "zmq",
                      "endpoint": endpoint, "topic": "kv"})],
-        stdout=log, stderr=subprocess.STDOUT, env=env)
+        stdout=log, stderr=subprocess.STDOUT, env=env,
+        # Its engine core and workers are processes of their own: one group,
+        # stopped whole.
+        start_new_session=True)
     try:
         for _ in range(240):
             try:
@@ -228,8 +232,11 @@ def main():
         print(f"events received: {index.events}")
     finally:
         stop.set()
-        server.terminate()
-        server.wait(timeout=60)
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,21 @@ pub struct Proc {
     pub name: String,
     child: Option<Child>,
     pub log: PathBuf,
+    /// Leads a process group of its own, stopped whole (see `spawn_group`).
+    group: bool,
 }
 
 impl Proc {
+    /// A process that starts processes of its own which outlive it when it
+    /// alone is killed (vLLM's engine core and workers): it leads a process
+    /// group, and stopping it kills the group.
+    pub fn spawn_group(name: &str, cmd: &mut Command, dir: &Path) -> Proc {
+        use std::os::unix::process::CommandExt;
+        let mut p = Proc::spawn(name, cmd.process_group(0), dir);
+        p.group = true;
+        p
+    }
+
     pub fn spawn(name: &str, cmd: &mut Command, dir: &Path) -> Proc {
         let log = dir.join(format!("{name}.log"));
         let out = File::create(&log).expect("log file");
@@ -26,6 +38,7 @@ impl Proc {
             name: name.to_string(),
             child: Some(child),
             log,
+            group: false,
         }
     }
 
@@ -36,6 +49,12 @@ impl Proc {
     /// Stops the process now (SIGKILL) and waits for it.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
+            if self.group {
+                // The leader's pid is the group's id.
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", c.id())])
+                    .status();
+            }
             let _ = c.kill();
             let _ = c.wait();
         }

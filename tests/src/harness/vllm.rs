@@ -61,7 +61,9 @@ impl VllmServer {
             // `/is_sleeping` and the other development endpoints. Sleep mode
             // itself (`--enable-sleep-mode`) is refused on CPU at start.
             .env("VLLM_SERVER_DEV_MODE", "1");
-        let mut proc = Proc::spawn(&format!("vllm-{name}"), &mut cmd, dir);
+        // Its engine core and workers are processes of their own: stopped
+        // with it as one group, or they would outlive the test.
+        let mut proc = Proc::spawn_group(&format!("vllm-{name}"), &mut cmd, dir);
         let url = format!("http://{addr}/health");
         wait_until("vLLM to load its model", Duration::from_secs(240), || {
             assert!(!proc.exited(), "vLLM exited:\n{}", proc.log_tail(40));
