@@ -6,7 +6,7 @@
 
 use yaml_serde::Value;
 
-use crate::config::{EnvoyConfig, RouterConfig, StageConfig};
+use crate::config::{Engine, EnvoyConfig, RouterConfig, StageConfig};
 use crate::fail_open::{self, duration};
 
 fn at<'a>(v: &'a mut Value, path: &[&str]) -> Result<&'a mut Value, String> {
@@ -125,15 +125,19 @@ pub fn fleet_cluster(c: &mut Value, cfg: &RouterConfig) -> Result<(), String> {
 /// One cluster has one health path: its first fleet's (the fleets of a stage
 /// that spans engines with different paths share `health_check.path`).
 fn stage_health_path(cfg: &RouterConfig, stage: &StageConfig) -> String {
+    let hc = &cfg.health_check;
     let first = stage
         .fleets
         .first()
         .and_then(|sf| cfg.fleets.iter().find(|f| f.name == sf.name));
-    match (first, &cfg.health_check.path) {
-        (Some(f), _) => f.health_path(&cfg.health_check).to_string(),
-        (None, Some(p)) => p.clone(),
-        (None, None) => crate::config::Engine::default().health_path().to_string(),
-    }
+    let fallback = || {
+        hc.path
+            .as_deref()
+            .unwrap_or(Engine::default().health_path())
+    };
+    first
+        .map_or_else(fallback, |f| f.health_path(hc))
+        .to_string()
 }
 
 /// A stage's fail-open cluster: its name, health checks, outlier detection

@@ -147,14 +147,24 @@ impl<'a> Keys<'a> {
     }
 }
 
+/// Longest needle `across` looks for.
+const NEEDLE_MAX: usize = 16;
+const _: () = assert!(
+    KEY.len() <= NEEDLE_MAX
+        && TIMINGS.len() <= NEEDLE_MAX
+        && DONE.len() <= NEEDLE_MAX
+        && EVENT.len() <= NEEDLE_MAX
+);
+
 /// Where `needle` ends in `chunk` when it starts in `tail` (the previous
 /// chunk's last bytes) and ends in `chunk`.
 fn across(tail: &[u8], chunk: &[u8], needle: &[u8]) -> Option<usize> {
     let head = chunk
         .get(..chunk.len().min(needle.len().saturating_sub(1)))
         .unwrap_or_default();
-    // On the stack: the tail is at most TAIL bytes, a needle at most 16.
-    let mut buf = [0u8; TAIL + 16];
+    // On the stack: the tail is at most TAIL bytes, a needle at most
+    // NEEDLE_MAX (checked at compile time below).
+    let mut buf = [0u8; TAIL + NEEDLE_MAX];
     let len = tail.len() + head.len();
     let joined = buf.get_mut(..len)?;
     let (t, h) = joined.split_at_mut(tail.len());

@@ -62,6 +62,7 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
             .iter()
             .map(|(r, rep)| {
                 let st = snap.replicas[f][r];
+                let (hits, queries) = rep.load.engine_prefix_cache();
                 ReplicaView {
                     addr: rep.addr.clone(),
                     slot: r.index(),
@@ -80,8 +81,8 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
                     engine_running: rep.load.engine_running(),
                     engine_waiting: rep.load.engine_waiting(),
                     engine_kv_usage: rep.load.engine_kv_usage(),
-                    engine_prefix_cache_hits: rep.load.engine_prefix_cache().0,
-                    engine_prefix_cache_queries: rep.load.engine_prefix_cache().1,
+                    engine_prefix_cache_hits: hits,
+                    engine_prefix_cache_queries: queries,
                     engine_lora: rep.load.engine_lora().map(|l| LoraView {
                         max: l.max,
                         running: l.running.clone(),

@@ -48,6 +48,22 @@ impl Dialect {
         d
     }
 
+    /// Every metric name it reads.
+    pub fn metric_names(&self) -> Vec<&str> {
+        [
+            &self.running,
+            &self.waiting,
+            &self.kv_usage,
+            &self.lora_info,
+        ]
+        .into_iter()
+        .flatten()
+        .chain(&self.prefix_cache_hits)
+        .chain(&self.prefix_cache_queries)
+        .map(|s| s.metric.as_str())
+        .collect()
+    }
+
     /// The signals this dialect names: a scrape that lacks one reports it.
     pub fn expected(&self) -> Signals {
         let mut s = Signals::default();

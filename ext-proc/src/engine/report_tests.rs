@@ -127,6 +127,12 @@ fn garbage_is_an_error_not_zeros() {
         read(&"#".repeat(MAX_BODY + 1), &d),
         Err(ScrapeError::TooLarge)
     );
+    // The parser quotes the offending line: the message stays log-sized.
+    let long = format!("vllm:num_requests_running{{a=\"{}", "x".repeat(1 << 20));
+    match read(&long, &d) {
+        Err(ScrapeError::Unparsable(msg)) => assert!(msg.chars().count() <= 301, "{}", msg.len()),
+        other => panic!("{other:?}"),
+    }
     let empty = read("", &d).unwrap();
     assert_eq!(empty.running, None);
     assert!(empty.missing.contains(Signal::Running));

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwapOption;
 
-use crate::engine::{EngineReport, LoraState};
+use crate::engine::{EngineReport, LoraState, Signal};
 
 /// `engine_kv_usage` of an engine that reports no KV usage.
 const KV_UNKNOWN: u32 = u32::MAX;
@@ -185,7 +185,12 @@ impl ReplicaLoad {
     /// Everything one scrape found: what it lacks keeps its last value.
     pub fn set_report(&self, r: &EngineReport) {
         if let (Some(running), Some(waiting)) = (r.running, r.waiting) {
-            self.set_engine(running as u32, waiting as u32, r.kv_usage);
+            // `None` is "not exported" unless the scrape found it missing.
+            let kv = match r.missing.contains(Signal::KvUsage) {
+                true => self.engine_kv_usage(),
+                false => r.kv_usage,
+            };
+            self.set_engine(running as u32, waiting as u32, kv);
         }
         if let Some((hits, queries)) = r.prefix_cache {
             self.engine_prefix_hits.store(hits as u64, Relaxed);
@@ -274,6 +279,39 @@ impl Drop for RequestGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_scrape_keeps_what_it_lacks_and_unknown_stays_unknown() {
+        let load = ReplicaLoad::default();
+        let mut r = EngineReport {
+            running: Some(3.0),
+            waiting: Some(1.0),
+            kv_usage: Some(0.5),
+            ..EngineReport::default()
+        };
+        load.set_report(&r);
+        assert_eq!(load.engine_kv_usage(), Some(0.5));
+        // The dialect names KV usage and this body lacked it: the last value.
+        r.kv_usage = None;
+        r.missing.insert(Signal::KvUsage);
+        r.running = Some(4.0);
+        load.set_report(&r);
+        assert_eq!(
+            (load.engine_running(), load.engine_kv_usage()),
+            (4, Some(0.5))
+        );
+        // The engine exports none (llama.cpp): unknown, read as 0.
+        r.missing = Default::default();
+        load.set_report(&r);
+        assert_eq!((load.engine_kv_usage(), load.kv_usage()), (None, 0.0));
+        // Running or waiting lacking: nothing of the load moves.
+        load.set_report(&EngineReport {
+            running: None,
+            waiting: Some(9.0),
+            ..EngineReport::default()
+        });
+        assert_eq!((load.engine_running(), load.engine_waiting()), (4, 1));
+    }
 
     #[test]
     fn guards_cannot_leak() {

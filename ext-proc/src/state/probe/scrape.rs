@@ -47,7 +47,12 @@ pub async fn run_scrapes(shared: Arc<Shared>) {
             .iter()
             .map(|f| scrape_fleet(&client, f, &cfg, &shared, grace));
         let rounds = join_all(rounds).await;
-        for (f, (round, failure)) in snap.topo.fleets.iter().zip(rounds) {
+        for (f, (mut round, failure)) in snap.topo.fleets.iter().zip(rounds) {
+            // No body read this round: what was missing still is, as far as
+            // anyone knows.
+            if round.scrapes[ScrapeResult::Ok as usize] == 0 {
+                round.missing = last.get(&f.name).map(|l| l.0).unwrap_or_default();
+            }
             report_changes(f, &round, failure, &mut last);
             shared.metrics.engines.record(&f.name, round);
         }
@@ -139,8 +144,17 @@ async fn fetch(req: reqwest::RequestBuilder, dialect: &Dialect) -> Outcome {
             Err(e) => return Outcome::Failed(ScrapeResult::Unreachable, e.to_string()),
         }
     }
-    let text = String::from_utf8_lossy(&body);
-    match engine::read(&text, dialect) {
+    // Off the runtime's workers, which also serve the routing calls: a body
+    // is up to MAX_BODY of whatever the engine sends.
+    let dialect = dialect.clone();
+    let read = tokio::task::spawn_blocking(move || {
+        engine::read(&String::from_utf8_lossy(&body), &dialect)
+    })
+    .await;
+    let Ok(read) = read else {
+        return Outcome::Failed(ScrapeResult::Unparsable, "the parse panicked".into());
+    };
+    match read {
         Ok(r) => Outcome::Read(r),
         Err(ScrapeError::TooLarge) => {
             Outcome::Failed(ScrapeResult::Unparsable, "body too large".into())
