@@ -10,15 +10,18 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use crate::config::{
     AlarmsConfig, ApiKey, Bounds, CapacityConfig, CostConfig, Engine, EngineApi,
-    EngineMetricsConfig, FleetConfig, HealthCheckConfig, OutlierConfig, PolicyKind,
-    ReplicaChoiceConfig, RoutingConfig, ScalingConfig, StageAdmission, ValidConfig, WarmupConfig,
-    model_list,
+    EngineMetricsConfig, FleetConfig, HealthCheckConfig, OutlierConfig, ReplicaChoiceConfig,
+    RoutingConfig, ScalingConfig, StageAdmission, ValidConfig, WarmupConfig, model_list,
 };
+pub mod adapters;
 pub mod ids;
 pub mod load;
 pub mod pick;
+pub mod resident;
 pub mod slots;
+mod stages;
 
+pub use adapters::{AdapterId, StageAdapters};
 pub use ids::{ById, Candidate, FleetId, NonEmpty, ReplicaId, StageId};
 pub use pick::Pick;
 pub use slots::{MAX_SLOTS, Slots};
@@ -74,6 +77,8 @@ pub struct Fleet {
     pub engine: Engine,
     pub engine_api: EngineApi,
     pub health_path: String,
+    /// How its replicas hold adapters (`FleetConfig::lora`).
+    pub lora: Option<crate::config::LoraConfig>,
 }
 
 #[derive(Clone, Debug)]
@@ -115,6 +120,8 @@ pub struct Stage {
     pub fleets: Vec<FleetId>,
     /// Parallel to `fleets`: the name a fleet serves the model under, if its own.
     pub served: Vec<Option<String>>,
+    /// The LoRA adapters of its model clients may name.
+    pub adapters: Arc<StageAdapters>,
     /// Sorted regions the stage may use.
     pub residency: Vec<String>,
     pub replicas: Option<Bounds>,
@@ -234,17 +241,18 @@ impl Topology {
                     engine: f.engine,
                     engine_api: f.engine_api.clone(),
                     health_path: f.health_path(&cfg.health_check).to_string(),
+                    lora: f.lora.clone(),
                 }
             })
             .collect::<Vec<_>>();
         let stages = cfg
             .stages
             .iter()
-            .map(|s| stage(s, &fleet_idx, &fleets))
+            .map(|s| stages::stage(s, &fleet_idx, &fleets))
             .collect::<Vec<_>>();
         let mut by_model = HashMap::new();
         for (i, s) in cfg.stages.iter().enumerate() {
-            for m in &s.models {
+            for m in s.models.iter().chain(&s.adapters) {
                 by_model.insert(m.clone(), StageId(i));
             }
         }
@@ -379,72 +387,5 @@ impl Topology {
             grpc_token: None,
             identity: crate::config::Identity::None,
         }
-    }
-}
-
-/// A stage of the config, its fleets by id.
-fn stage(
-    s: &crate::config::StageConfig,
-    fleet_idx: &HashMap<&str, FleetId>,
-    fleets: &[Fleet],
-) -> Stage {
-    let idx: Vec<FleetId> = s.fleet_names().map(|n| fleet_idx[n.as_str()]).collect();
-    let mut residency = match &s.residency {
-        Some(r) => r.to_vec(),
-        None => idx
-            .iter()
-            .map(|&i| fleets[i.index()].region.clone())
-            .collect(),
-    };
-    residency.sort();
-    residency.dedup();
-    let r = &s.routing;
-    let policy = match r.policy() {
-        PolicyKind::Priority => Policy::Priority {
-            order: match r.order() {
-                Some(o) => o.iter().map(|n| fleet_idx[n.as_str()]).collect(),
-                None => idx.clone(),
-            },
-        },
-        PolicyKind::Weighted => {
-            let mut weights = vec![0.0; fleets.len()];
-            for &i in &idx {
-                weights[i] = r.weight(&fleets[i.index()].name);
-            }
-            Policy::Weighted { weights }
-        }
-        PolicyKind::Latency => Policy::Latency,
-        PolicyKind::Cost => Policy::Cost,
-    };
-    Stage {
-        name: s.name.clone(),
-        model: s.models.first().unwrap_or(&s.name).clone(),
-        fleets: idx,
-        served: s.fleets.iter().map(|f| f.model.clone()).collect(),
-        residency,
-        replicas: s.replicas,
-        policy,
-        routing: s.routing.clone(),
-        replica_choice: s.replica_choice.clone(),
-        alarms: s.alarms.clone(),
-        outlier: s.outlier.clone(),
-        warmup: s.warmup.clone(),
-        admission: s.admission.clone(),
-        experiment: Experiment {
-            ab: s.experiment.ab.as_ref().map(|ab| {
-                (
-                    fleet_idx[ab.control.as_str()],
-                    ab.variants
-                        .iter()
-                        .map(|v| (fleet_idx[v.fleet.as_str()], v.percent))
-                        .collect(),
-                )
-            }),
-            shadow: s
-                .experiment
-                .shadow
-                .as_ref()
-                .map(|sh| (fleet_idx[sh.fleet.as_str()], sh.percent)),
-        },
     }
 }

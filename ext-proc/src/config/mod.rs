@@ -8,6 +8,7 @@ mod engine;
 mod envoy;
 mod grpc;
 mod identity;
+mod lora;
 mod model;
 pub mod model_list;
 mod routing;
@@ -29,6 +30,7 @@ pub use engine::{
 pub use envoy::*;
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
 pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};
+pub use lora::{LoraConfig, MAX_ADAPTERS_PER_STAGE};
 pub use model::*;
 pub use routing::*;
 pub use source::*;

@@ -142,6 +142,10 @@ pub struct FleetConfig {
     /// The engine's endpoints and metric names where they are not its own.
     #[serde(default, skip_serializing_if = "super::EngineApi::is_default")]
     pub engine_api: super::EngineApi,
+    /// How the replicas hold LoRA adapters; needed by every fleet of a
+    /// stage that lists `adapters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<super::LoraConfig>,
 }
 
 impl FleetConfig {
@@ -220,6 +224,12 @@ pub struct StageConfig {
     /// Model names clients send in `model` for this stage; empty: the stage's name.
     #[serde(default)]
     pub models: Vec<String>,
+    /// LoRA adapters of the stage's model, as clients name them in `model`:
+    /// each fleet's replicas serve them (its `lora` says how many at once),
+    /// and a request goes to a replica that holds its adapter when that
+    /// costs less than loading it elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub adapters: Vec<String>,
     /// Fleet names; `{ name, model }` for a fleet that serves the model
     /// under another name.
     pub fleets: Vec<super::StageFleet>,

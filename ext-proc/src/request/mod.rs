@@ -111,6 +111,7 @@ pub async fn route_request<'a>(
     if key.list_models {
         return Answer::Now(reply::model_list(&shared.snapshot().topo).into());
     }
+    crate::route::stage::adapter(&shared.snapshot().topo, &mut key);
     // Who the tenant is, by the configured source only.
     let identity = &shared.snapshot().topo.identity;
     let typed = std::mem::take(&mut key.tenant);

@@ -84,6 +84,11 @@ pub async fn admit_and_commit(
     let topo = &snapshot.topo;
     let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
     let guard = replica.load.start(decision.uncached_tokens);
+    // Now, not in the writer: the next request for this adapter, however
+    // soon, sees it here and does not load it on a second replica.
+    if let (Some((id, _)), Some(lora)) = (decision.adapter, &topo.fleets[decision.fleet].lora) {
+        replica.load.adapters.used(&[id], lora.max_cpu_loras);
+    }
     let nonce = crate::clock::random_u64();
     shared.emit(Event::Routed(Box::new(Routed {
         generation: topo.generation,

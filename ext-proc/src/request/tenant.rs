@@ -118,7 +118,7 @@ pub fn context(snap: &Snapshot, d: &Decision, key: &RouteKey<'_>) -> AuditContex
         model: crate::state::decision_log::truncate_to(model, MAX_MODEL).into(),
         model_served: snap.topo.stages[d.stage]
             .served_as(d.fleet)
-            .filter(|&s| s != model)
+            .filter(|&s| s != model && d.adapter.is_none())
             .map(Into::into),
         policy: snap.topo.stages[d.stage].routing.policy().name(),
         reason: reason(snap, d),

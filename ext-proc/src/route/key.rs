@@ -43,6 +43,9 @@ pub struct RouteKey<'a> {
     pub key_hash: Option<&'a str>,
     /// `GET /v1/models`: answered with the model list, not routed.
     pub list_models: bool,
+    /// The LoRA adapter `model` names, once [`crate::route::stage::adapter`]
+    /// resolved it (its blocks are then the adapter's).
+    pub adapter: Option<crate::topology::AdapterId>,
 }
 
 /// A header's value as Envoy sends it.

@@ -16,7 +16,7 @@ mod per_fleet_tests;
 
 use crate::state::Snapshot;
 use crate::tenancy::identity::Unidentified;
-use crate::topology::{FleetId, NonEmpty, Pick, ReplicaId, StageId};
+use crate::topology::{AdapterId, FleetId, NonEmpty, Pick, ReplicaId, StageId};
 use key::RouteKey;
 
 /// Where a request goes.
@@ -41,6 +41,9 @@ pub struct Decision {
     pub sampling_key: Option<u64>,
     /// How loaded the stage's eligible fleets are (admission reads it).
     pub stage_load: StageLoad,
+    /// The LoRA adapter asked for, and what loading it on the chosen
+    /// replica costs (prefill tokens; 0 when it holds it).
+    pub adapter: Option<(AdapterId, f64)>,
 }
 
 /// The eligible fleets' load, as the decision saw it.
@@ -213,9 +216,12 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         shadow: experiment::shadow(stage, snap, key, cf.fleet),
         sampling_key: key.conversation(),
         stage_load: StageLoad::of(&candidates),
+        adapter: key.adapter.map(|a| (a, choice.adapter_tokens)),
     })
 }
 
+#[cfg(test)]
+mod adapter_tests;
 #[cfg(test)]
 mod membership_tests;
 #[cfg(test)]

@@ -97,9 +97,13 @@ impl FleetModel {
         };
         tracing::info!(fleet = %fleet.name, replica = %fleet.replicas[r].addr, health = ?now, "replica health changed");
         if now == Health::Unhealthy {
-            // Its cache is gone or unreachable: stop predicting hits on it.
+            // Its cache is gone or unreachable: stop predicting hits on it,
+            // or that it holds an adapter.
             m.warm = !warmup;
             self.index.clear(r);
+            if let Some(rep) = fleet.replicas.get(r) {
+                rep.load.adapters.clear();
+            }
         }
         true
     }

@@ -47,6 +47,9 @@ pub struct ReplicaLoad {
     engine_prefix_queries: AtomicU64,
     /// The LoRA adapters the engine reports (vLLM), as last scraped.
     engine_lora: ArcSwapOption<LoraState>,
+    /// The adapters it holds, most recently used first (routed requests and
+    /// the engine's reports together).
+    pub adapters: super::resident::Adapters,
     /// The other instances' requests in flight, prefill tokens and requests
     /// not yet answering here, summed; only the peer link writes them.
     peer_inflight: AtomicU32,

@@ -16,6 +16,34 @@ pub(super) fn fleet(f: &FleetConfig, p: &str, e: &mut Errors) {
     }
     scaling(&f.scaling, &format!("{p}.scaling"), e);
     engine_api(f, &format!("{p}.engine_api"), e);
+    if let Some(l) = &f.lora {
+        lora(l, &format!("{p}.lora"), e);
+    }
+}
+
+fn lora(l: &crate::config::LoraConfig, p: &str, e: &mut Errors) {
+    e.in_range(format!("{p}.max_loras"), l.max_loras, 1..=1024);
+    e.ensure(
+        l.max_cpu_loras >= l.max_loras && l.max_cpu_loras <= 4096,
+        format!("{p}.max_cpu_loras"),
+        format!(
+            "{} must be at least max_loras ({}) and at most 4096",
+            l.max_cpu_loras, l.max_loras
+        ),
+    );
+    e.non_negative(format!("{p}.gpu_load_ms"), l.gpu_load_ms);
+    e.non_negative(format!("{p}.disk_load_ms"), l.disk_load_ms);
+    e.positive(
+        format!("{p}.prefill_tokens_per_sec"),
+        l.prefill_tokens_per_sec,
+    );
+    if let Some(path) = &l.load_path {
+        e.ensure(
+            path.contains("{adapter}"),
+            format!("{p}.load_path"),
+            format!("'{path}' must hold {{adapter}}, where the adapter's name goes"),
+        );
+    }
 }
 
 fn engine_api(f: &FleetConfig, p: &str, e: &mut Errors) {

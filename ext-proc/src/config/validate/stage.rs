@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+mod adapters;
 mod experiment;
 
 use super::{Errors, fleet::bounds};
@@ -52,6 +53,7 @@ pub(super) fn stages(cfg: &RouterConfig, regions: &HashMap<&str, &str>, e: &mut 
             fleets: HashSet::new(),
             residency: s.residency.as_ref().map(|r| r.to_vec()),
         };
+        adapters::adapters(&scope, i, &mut models, e);
         stage(scope, e);
     }
     if let Some(d) = &cfg.default_stage {

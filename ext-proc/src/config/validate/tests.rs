@@ -382,3 +382,41 @@ fn admission_is_checked_with_its_paths() {
         );
     }
 }
+
+#[test]
+fn adapters_need_fleets_that_hold_them_and_names_of_their_own() {
+    let with = |stage: &str, lora: &str| {
+        GOOD.replace(
+            "    models: [ds-flash]\n",
+            &format!("    models: [ds-flash]\n{stage}"),
+        )
+        .replace(
+            "    cost: { gpu_hour_usd: 9.5, gpus_per_replica: 8 }\n",
+            &format!("    cost: {{ gpu_hour_usd: 9.5, gpus_per_replica: 8 }}\n{lora}"),
+        )
+    };
+    let lora = "    lora: { max_loras: 4, max_cpu_loras: 16 }\n";
+    // Only the first fleet says how it holds adapters.
+    assert_eq!(
+        errors(&with("    adapters: [sql, chat]\n", lora)),
+        [
+            "stages[0].fleets[1]: fleet 'h200-burst' has no `lora` section: a stage with adapters needs every fleet to say how its replicas hold them"
+        ]
+    );
+    let both = GOOD
+        .replace("    models: [ds-flash]\n", "    models: [ds-flash]\n    adapters: [sql, ds-flash, \"a b\"]\n")
+        .replace("    hosts: { min: 0, max: 4 }\n", &format!("    hosts: {{ min: 0, max: 4 }}\n{lora}"))
+        .replace(
+            "    cost: { gpu_hour_usd: 9.5, gpus_per_replica: 8 }\n",
+            "    cost: { gpu_hour_usd: 9.5, gpus_per_replica: 8 }\n    lora: { max_loras: 4, max_cpu_loras: 2, load_path: /lora }\n",
+        );
+    assert_eq!(
+        errors(&both),
+        [
+            "fleets[0].lora.max_cpu_loras: 2 must be at least max_loras (4) and at most 4096",
+            "fleets[0].lora.load_path: '/lora' must hold {adapter}, where the adapter's name goes",
+            "stages[0].adapters[1]: 'ds-flash' already names a model or adapter of stage 'ds-flash/prod-us'",
+            "stages[0].adapters[2]: 'a b' must be 1-256 printable ASCII characters without spaces or '|'",
+        ]
+    );
+}

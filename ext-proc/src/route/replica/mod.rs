@@ -23,4 +23,6 @@ pub struct ReplicaChoice {
     /// conversation, and that choice had more than its share of recent
     /// requests) or `load` (its queue put it outside the tie).
     pub pick: Pick,
+    /// Prefill tokens' worth of adapter loading on the chosen replica.
+    pub adapter_tokens: f64,
 }

@@ -82,6 +82,9 @@ struct Scored {
     /// Its prefill queue ends requests at their first token (Envoy reports
     /// first bytes), so `queued` is not an estimate of when they end.
     first_byte: bool,
+    /// Prefill tokens' worth of loading the request's adapter here
+    /// (`topology::resident`); 0 without one.
+    adapter: f64,
 }
 
 /// A replica with more requests in flight than this many times the fleet's
@@ -180,10 +183,18 @@ pub fn choose(
         } else {
             s.cached
         };
-        s.cost = cfg.load_weight * s.queued - prefix_weight * cached as f64;
+        // Loading an adapter delays this request like prefill queued ahead.
+        s.cost = cfg.load_weight * (s.queued + s.adapter) - prefix_weight * cached as f64;
     }
     if placed_by_share {
-        bound_shares(&mut scored, cfg, mean_recent, short, home);
+        bound_shares(
+            &mut scored,
+            cfg,
+            mean_recent,
+            short,
+            home,
+            key.adapter.is_some(),
+        );
     }
     mark_ties(&mut scored, cfg.tie_tokens);
     let rank = |a: &Scored, b: &Scored| {
@@ -193,11 +204,12 @@ pub fn choose(
             .then_with(|| {
                 // Both tied or neither, by the line above.
                 if a.tied {
-                    // The conversation's own cache first: a turn whose
-                    // prefix is too short to win on cost still follows it
-                    // rather than its key (the share bound or the load
-                    // guard may have placed it off its key's home).
-                    let own = b.own.cmp(&a.own);
+                    // A replica holding the adapter, then the
+                    // conversation's own cache: a turn whose prefix is too
+                    // short to win on cost still follows it rather than its
+                    // key (the share bound or the load guard may have
+                    // placed it off its key's home).
+                    let own = a.adapter.total_cmp(&b.adapter).then(b.own.cmp(&a.own));
                     // A new conversation's rendezvous home is no better
                     // than any tied replica: the fewest recent requests win.
                     let fewer = if new_conversation && !client_key {
@@ -229,6 +241,7 @@ pub fn choose(
         pick,
         cached_tokens: scored.first().map_or(0, |s| s.cached),
         queued_tokens: scored.first().map_or(0, |s| s.queued as u64),
+        adapter_tokens: scored.first().map_or(0.0, |s| s.adapter),
         // One score per ready replica, and a candidate fleet has one.
         order: NonEmpty::new(
             scored
@@ -249,6 +262,13 @@ fn score(
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
 ) {
+    let adapter = |load: &crate::topology::load::ReplicaLoad| match (key.adapter, &fleet.lora) {
+        (Some(id), Some(lora)) => load.adapters.get().map_or_else(
+            || lora.tokens(lora.disk_load_ms),
+            |r| r.load_tokens(id, lora),
+        ),
+        _ => 0.0,
+    };
     scored.extend(cand.ready.iter().map(|r| {
         let load = &fleet.replicas[r.replica].load;
         let queued = load.pending_prefill() as f64
@@ -267,23 +287,28 @@ fn score(
             over_share: false,
             recent: load.recent(),
             first_byte: load.first_byte_reported(),
+            adapter: adapter(load),
         }
     }));
 }
 
 /// New conversations: a replica past its share of recent requests counts as
-/// overloaded, unless it is the key's home of a short prompt or its queue is
-/// shorter, by more than `share_wait_tokens`, than every one within its share.
+/// overloaded, unless it is the key's home of a short prompt, holds the
+/// request's adapter (`adapter`: it has one), or its queue is shorter, by
+/// more than `share_wait_tokens`, than every one within its share.
 fn bound_shares(
     scored: &mut [Scored],
     cfg: &ReplicaChoiceConfig,
     mean_recent: f64,
     short: bool,
     home: Option<ReplicaId>,
+    adapter: bool,
 ) {
     let share_bound = cfg.share_factor * mean_recent + cfg.share_slack;
     for s in scored.iter_mut() {
-        let exempt = short && Some(s.replica) == home;
+        // An adapter's requests gather where it is loaded: the load guard,
+        // not request counts, spreads a popular one to a second replica.
+        let exempt = (short && Some(s.replica) == home) || (adapter && s.adapter == 0.0);
         s.over_share = !s.overloaded && !exempt && s.recent > share_bound;
     }
     // The share balances the turns to come; it makes this request wait

@@ -1,0 +1,155 @@
+//! The adapters a replica holds, as the router knows them: those it sent
+//! requests for and those the engine reports running or waiting, most
+//! recently used first. An engine keeps the `max_loras` most recently used
+//! on the GPU and `max_cpu_loras` in host memory (vLLM's LRU caches), so the
+//! order says where each one is.
+
+use std::sync::Arc;
+
+use arc_swap::ArcSwapOption;
+
+use super::adapters::AdapterId;
+use crate::config::LoraConfig;
+
+/// Where an adapter is on one replica.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// On the GPU: nothing to load.
+    Gpu,
+    /// In host memory: a copy onto the GPU.
+    Host,
+    /// Neither: read from disk.
+    Absent,
+}
+
+/// Most recently used first; at most `max_cpu_loras` long.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resident(pub Vec<AdapterId>);
+
+impl Resident {
+    pub fn place(&self, id: AdapterId, lora: &LoraConfig) -> Place {
+        match self.0.iter().position(|&a| a == id) {
+            Some(i) if i < lora.max_loras as usize => Place::Gpu,
+            Some(_) => Place::Host,
+            None => Place::Absent,
+        }
+    }
+
+    /// Every GPU slot is taken: a load evicts the least recently used.
+    pub fn gpu_full(&self, lora: &LoraConfig) -> bool {
+        self.0.len() >= lora.max_loras as usize
+    }
+
+    /// Prefill tokens' worth of time before a request for `id` can start
+    /// here: nothing on the GPU; a copy from host memory or a read from
+    /// disk; and when that evicts an adapter from a full GPU, its copy back
+    /// when next asked for.
+    pub fn load_tokens(&self, id: AdapterId, lora: &LoraConfig) -> f64 {
+        let ms = match self.place(id, lora) {
+            Place::Gpu => return 0.0,
+            Place::Host => lora.gpu_load_ms,
+            Place::Absent => lora.disk_load_ms,
+        };
+        let evict = if self.gpu_full(lora) {
+            lora.gpu_load_ms
+        } else {
+            0.0
+        };
+        lora.tokens(ms + evict)
+    }
+
+    /// The list after `ids` were used (in this order), bounded by `cap`.
+    fn used(&self, ids: &[AdapterId], cap: usize) -> Resident {
+        let mut v = Vec::with_capacity((self.0.len() + ids.len()).min(cap));
+        for &id in ids.iter().rev() {
+            if !v.contains(&id) {
+                v.push(id);
+            }
+        }
+        v.extend(self.0.iter().filter(|a| !ids.contains(a)));
+        v.truncate(cap);
+        Resident(v)
+    }
+}
+
+/// A replica's [`Resident`], read by decisions without a lock and replaced
+/// by the state writer (requests routed) and the scrape (what the engine
+/// reports running).
+#[derive(Debug, Default)]
+pub struct Adapters(ArcSwapOption<Resident>);
+
+impl Adapters {
+    pub fn get(&self) -> Option<Arc<Resident>> {
+        self.0.load_full()
+    }
+
+    /// `ids` were used here, the last most recently. A no-op when they are
+    /// already at the front in that order (the common case: a replica's
+    /// popular adapter again).
+    pub fn used(&self, ids: &[AdapterId], cap: u32) {
+        if ids.is_empty() {
+            return;
+        }
+        let at_front = |r: &Resident| r.0.first() == ids.last() && ids.len() == 1;
+        if self.0.load().as_deref().is_some_and(at_front) {
+            return;
+        }
+        self.0.rcu(|cur| {
+            let base = cur.as_deref().cloned().unwrap_or_default();
+            let next = base.used(ids, cap.max(1) as usize);
+            if next == base {
+                cur.clone()
+            } else {
+                Some(Arc::new(next))
+            }
+        });
+    }
+
+    /// The engine lost what it held (restarted, or left).
+    pub fn clear(&self) {
+        self.0.store(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lora(gpu: u32, cpu: u32) -> LoraConfig {
+        LoraConfig {
+            max_loras: gpu,
+            max_cpu_loras: cpu,
+            gpu_load_ms: 10.0,
+            disk_load_ms: 100.0,
+            prefill_tokens_per_sec: 1000.0,
+            load_path: None,
+        }
+    }
+
+    #[test]
+    fn most_recent_first_and_bounded_by_host_memory() {
+        let l = lora(2, 3);
+        let a = Adapters::default();
+        let id = |n: &str| AdapterId::of(n);
+        for n in ["a", "b", "c", "d"] {
+            a.used(&[id(n)], l.max_cpu_loras);
+        }
+        let r = a.get().unwrap();
+        assert_eq!(r.0, vec![id("d"), id("c"), id("b")]);
+        assert_eq!(r.place(id("d"), &l), Place::Gpu);
+        assert_eq!(r.place(id("c"), &l), Place::Gpu);
+        assert_eq!(r.place(id("b"), &l), Place::Host);
+        assert_eq!(r.place(id("a"), &l), Place::Absent);
+        // Resident < host memory < disk, and a full GPU adds the evicted
+        // adapter's copy back.
+        assert_eq!(r.load_tokens(id("d"), &l), 0.0);
+        assert_eq!(r.load_tokens(id("b"), &l), 20.0);
+        assert_eq!(r.load_tokens(id("a"), &l), 110.0);
+        let fresh = Resident(vec![id("x")]);
+        assert_eq!(fresh.load_tokens(id("a"), &l), 100.0);
+        // Using b again brings it back to the GPU.
+        a.used(&[id("b")], l.max_cpu_loras);
+        assert_eq!(a.get().unwrap().place(id("b"), &l), Place::Gpu);
+        assert_eq!(a.get().unwrap().place(id("c"), &l), Place::Host);
+    }
+}

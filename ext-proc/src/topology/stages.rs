@@ -1,0 +1,77 @@
+//! A stage of the config compiled: its fleets by id, its residency
+//! expanded, its policy resolved.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::adapters::StageAdapters;
+use super::{Experiment, Fleet, FleetId, Policy, Stage};
+use crate::config::PolicyKind;
+
+/// A stage of the config, its fleets by id.
+pub(super) fn stage(
+    s: &crate::config::StageConfig,
+    fleet_idx: &HashMap<&str, FleetId>,
+    fleets: &[Fleet],
+) -> Stage {
+    let idx: Vec<FleetId> = s.fleet_names().map(|n| fleet_idx[n.as_str()]).collect();
+    let mut residency = match &s.residency {
+        Some(r) => r.to_vec(),
+        None => idx
+            .iter()
+            .map(|&i| fleets[i.index()].region.clone())
+            .collect(),
+    };
+    residency.sort();
+    residency.dedup();
+    let r = &s.routing;
+    let policy = match r.policy() {
+        PolicyKind::Priority => Policy::Priority {
+            order: match r.order() {
+                Some(o) => o.iter().map(|n| fleet_idx[n.as_str()]).collect(),
+                None => idx.clone(),
+            },
+        },
+        PolicyKind::Weighted => {
+            let mut weights = vec![0.0; fleets.len()];
+            for &i in &idx {
+                weights[i] = r.weight(&fleets[i.index()].name);
+            }
+            Policy::Weighted { weights }
+        }
+        PolicyKind::Latency => Policy::Latency,
+        PolicyKind::Cost => Policy::Cost,
+    };
+    Stage {
+        name: s.name.clone(),
+        model: s.models.first().unwrap_or(&s.name).clone(),
+        fleets: idx,
+        served: s.fleets.iter().map(|f| f.model.clone()).collect(),
+        adapters: Arc::new(StageAdapters::new(&s.adapters)),
+        residency,
+        replicas: s.replicas,
+        policy,
+        routing: s.routing.clone(),
+        replica_choice: s.replica_choice.clone(),
+        alarms: s.alarms.clone(),
+        outlier: s.outlier.clone(),
+        warmup: s.warmup.clone(),
+        admission: s.admission.clone(),
+        experiment: Experiment {
+            ab: s.experiment.ab.as_ref().map(|ab| {
+                (
+                    fleet_idx[ab.control.as_str()],
+                    ab.variants
+                        .iter()
+                        .map(|v| (fleet_idx[v.fleet.as_str()], v.percent))
+                        .collect(),
+                )
+            }),
+            shadow: s
+                .experiment
+                .shadow
+                .as_ref()
+                .map(|sh| (fleet_idx[sh.fleet.as_str()], sh.percent)),
+        },
+    }
+}
