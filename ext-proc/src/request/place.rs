@@ -32,6 +32,7 @@ impl Placed {
             stage: self.decision.stage,
             fleet: self.decision.fleet,
             replica: *self.decision.replicas.head(),
+            adapter: self.decision.adapter.is_some(),
         }
     }
 }
@@ -88,6 +89,7 @@ pub async fn admit_and_commit(
     // soon, sees it here and does not load it on a second replica.
     if let (Some((id, _)), Some(lora)) = (decision.adapter, &topo.fleets[decision.fleet].lora) {
         replica.load.adapters.used(&[id], lora.max_cpu_loras);
+        replica.load.adapters.sent(id);
     }
     let nonce = crate::clock::random_u64();
     shared.emit(Event::Routed(Box::new(Routed {

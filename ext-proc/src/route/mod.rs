@@ -210,7 +210,9 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         replicas: choice.order,
         cached_tokens: choice.cached_tokens,
         uncached_tokens: u64::from(key.prompt_tokens).saturating_sub(choice.cached_tokens),
-        queued_tokens: choice.queued_tokens,
+        // An adapter's load holds this request back like prefill queued
+        // ahead: its latency, and the replica's speed judged from it, count it.
+        queued_tokens: choice.queued_tokens + choice.adapter_tokens as u64,
         pick: choice.pick,
         arm,
         shadow: experiment::shadow(stage, snap, key, cf.fleet),

@@ -8,6 +8,7 @@ const DECIDED: Decided = Decided {
     stage: StageId(0),
     fleet: FleetId(0),
     replica: ReplicaId(0),
+    adapter: false,
 };
 
 fn cfg() -> LeaseConfig {

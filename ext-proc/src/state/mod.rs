@@ -181,6 +181,8 @@ pub struct Decided {
     pub stage: StageId,
     pub fleet: FleetId,
     pub replica: ReplicaId,
+    /// It named a LoRA adapter.
+    pub adapter: bool,
 }
 
 /// A decision, as the writer learns it.

@@ -163,6 +163,10 @@ impl FleetModel {
         if o.counts_against_replica() {
             let out = o.usage.map_or(0, |u| u.completion_tokens);
             if let Some(m) = self.replicas.get_mut(r) {
+                // An adapter's time to first token depends on the adapters
+                // its replica runs (loads, slots taken), not on its health.
+                let adapter = o.decided.is_some_and(|d| d.adapter);
+                let work = Some(work).filter(|_| !adapter);
                 m.outlier
                     .record(now, ok, ttft_ms, work, o.total.as_secs_f64() * 1000.0, out);
             }

@@ -65,11 +65,13 @@ impl ReplicaOutlier {
         now: Instant,
         ok: bool,
         ttft_ms: Option<f64>,
-        work: u64,
+        work: Option<u64>,
         total_ms: f64,
         output_tokens: u64,
     ) {
-        let ttft_norm = ttft_ms.map(|t| per_k_tokens(t, work));
+        // No work: the first token waited on something else than this
+        // replica's speed (an adapter's load), only the decode is judged.
+        let ttft_norm = ttft_ms.zip(work).map(|(t, w)| per_k_tokens(t, w));
         let per_token = ttft_ms
             .filter(|_| output_tokens > 1)
             .map(|t| (total_ms - t).max(0.0) / (output_tokens - 1) as f64);
@@ -213,7 +215,7 @@ mod tests {
                         now - Duration::from_millis(k * 10),
                         true,
                         Some(ttft),
-                        744,
+                        Some(744),
                         ttft + 100.0,
                         11,
                     );
@@ -221,6 +223,31 @@ mod tests {
                 r
             })
             .collect()
+    }
+
+    #[test]
+    fn a_first_token_that_waited_for_an_adapter_does_not_judge_the_replica() {
+        let now = Instant::now();
+        let cfg = OutlierConfig::default();
+        // Replica 1's first tokens are five times slower per token of work...
+        assert_eq!(
+            evaluate(&mut fleet(4, &[1], now), &[true; 4], &cfg, false, now).len(),
+            1
+        );
+        // ...but they waited for adapter loads (no work given): not judged.
+        let mut f = fleet(4, &[], now);
+        f[1] = ReplicaOutlier::default();
+        for k in 0..20 {
+            f[1].record(
+                now - Duration::from_millis(k * 10),
+                true,
+                Some(500.0),
+                None,
+                600.0,
+                11,
+            );
+        }
+        assert!(evaluate(&mut f, &[true; 4], &cfg, false, now).is_empty());
     }
 
     #[test]
@@ -238,7 +265,7 @@ mod tests {
                             now - Duration::from_millis(k),
                             true,
                             Some(ms),
-                            1000,
+                            Some(1000),
                             ms * 11.0,
                             11,
                         );
@@ -275,7 +302,7 @@ mod tests {
                 later - Duration::from_millis(k),
                 true,
                 Some(500.0),
-                744,
+                Some(744),
                 600.0,
                 11,
             );
@@ -284,7 +311,7 @@ mod tests {
                     later - Duration::from_millis(k),
                     true,
                     Some(100.0),
-                    744,
+                    Some(744),
                     200.0,
                     11,
                 );
@@ -315,10 +342,10 @@ mod tests {
         let cfg = OutlierConfig::default();
         let mut f = fleet(4, &[], now);
         // 1 error in 21 is 5%: more than 2x a 0% median, but under the gap.
-        f[0].record(now, false, None, 0, 1.0, 0);
+        f[0].record(now, false, None, Some(0), 1.0, 0);
         assert!(evaluate(&mut f, &[true; 4], &cfg, false, now).is_empty());
         for _ in 0..10 {
-            f[0].record(now, false, None, 0, 1.0, 0);
+            f[0].record(now, false, None, Some(0), 1.0, 0);
         }
         assert_eq!(evaluate(&mut f, &[true; 4], &cfg, false, now).len(), 1);
     }
@@ -330,7 +357,7 @@ mod tests {
                 let mut r = ReplicaOutlier::default();
                 for k in 0..20 {
                     let ok = k >= fails.get(i).copied().unwrap_or(0);
-                    r.record(now, ok, None, 0, 10.0, 0);
+                    r.record(now, ok, None, Some(0), 10.0, 0);
                 }
                 r
             })
@@ -354,7 +381,7 @@ mod tests {
         let mut young = failing(2, &[0, 0], now);
         young[1] = ReplicaOutlier::default();
         for _ in 0..cfg.min_samples - 1 {
-            young[1].record(now, false, None, 0, 10.0, 0);
+            young[1].record(now, false, None, Some(0), 10.0, 0);
         }
         assert!(evaluate(&mut young, &[true; 2], &cfg, false, now).is_empty());
     }
@@ -400,9 +427,9 @@ mod tests {
         assert_eq!(evaluate(&mut two, &[true; 2], &cfg, false, now).len(), 1);
         let back = now + Duration::from_secs(11);
         for _ in 0..PROBATION_SAMPLES {
-            two[1].record(back, false, None, 0, 10.0, 0);
+            two[1].record(back, false, None, Some(0), 10.0, 0);
         }
-        two[0].record(back, true, None, 0, 10.0, 0);
+        two[0].record(back, true, None, Some(0), 10.0, 0);
         assert_eq!(
             evaluate(&mut two, &[true; 2], &cfg, false, back),
             vec![(1, Duration::from_secs(20))]

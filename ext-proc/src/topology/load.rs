@@ -204,6 +204,28 @@ impl ReplicaLoad {
         }
     }
 
+    /// [`ReplicaLoad::set_report`], and the adapters it runs (of a fleet
+    /// holding adapters) as what its GPU holds and its requests use.
+    pub fn apply_report(&self, r: &EngineReport, lora: Option<&crate::config::LoraConfig>) {
+        self.set_report(r);
+        if let (Some(l), Some(cfg)) = (&r.lora, lora) {
+            let ids = |v: &[String]| {
+                v.iter()
+                    .map(|a| super::AdapterId::of(a))
+                    .collect::<Vec<_>>()
+            };
+            let (running, waiting) = (ids(&l.running), ids(&l.waiting));
+            // What it runs is on its GPU, whoever sent it.
+            let on_gpu: Vec<_> = waiting.iter().chain(&running).copied().collect();
+            self.adapters.used(&on_gpu, cfg.max_cpu_loras);
+            self.adapters.set_active(super::resident::Active {
+                running,
+                waiting,
+                max: l.max.map_or(cfg.max_loras as usize, |m| m as usize),
+            });
+        }
+    }
+
     /// The engine's prefix-cache counters: tokens found, tokens looked up.
     pub fn engine_prefix_cache(&self) -> (u64, u64) {
         (

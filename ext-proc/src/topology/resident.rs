@@ -72,15 +72,58 @@ impl Resident {
     }
 }
 
-/// A replica's [`Resident`], read by decisions without a lock and replaced
-/// by the state writer (requests routed) and the scrape (what the engine
-/// reports running).
+/// The adapters a replica's requests use now, as the engine last reported
+/// them (vLLM's `vllm:lora_requests_info`) plus those sent to it since.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Active {
+    pub running: Vec<AdapterId>,
+    pub waiting: Vec<AdapterId>,
+    /// GPU slots: the engine's `max_lora`, else the fleet's `max_loras`.
+    pub max: usize,
+}
+
+impl Active {
+    /// Every GPU slot serves running requests of other adapters: a request
+    /// for `id` waits for one of them to drain (vLLM starts later requests
+    /// first meanwhile, so it may wait long).
+    pub fn slots_taken(&self, id: AdapterId) -> bool {
+        self.running.len() >= self.max && !self.running.contains(&id) && !self.waiting.contains(&id)
+    }
+}
+
+/// A replica's [`Resident`] and [`Active`], read by decisions without a lock
+/// and replaced when a request commits and when the engine is scraped.
 #[derive(Debug, Default)]
-pub struct Adapters(ArcSwapOption<Resident>);
+pub struct Adapters(ArcSwapOption<Resident>, ArcSwapOption<Active>);
 
 impl Adapters {
     pub fn get(&self) -> Option<Arc<Resident>> {
         self.0.load_full()
+    }
+
+    pub fn active(&self) -> Option<Arc<Active>> {
+        self.1.load_full()
+    }
+
+    /// What the engine reports its requests use.
+    pub fn set_active(&self, a: Active) {
+        self.1.store(Some(Arc::new(a)));
+    }
+
+    /// A request for `id` was sent here: it counts as waiting until the
+    /// next report says otherwise.
+    pub fn sent(&self, id: AdapterId) {
+        let known = |a: &Active| a.running.contains(&id) || a.waiting.contains(&id);
+        if self.1.load().as_deref().is_none_or(known) {
+            return;
+        }
+        self.1.rcu(|cur| {
+            let mut a = cur.as_deref().cloned().unwrap_or_default();
+            if !known(&a) {
+                a.waiting.push(id);
+            }
+            Some(Arc::new(a))
+        });
     }
 
     /// `ids` were used here, the last most recently. A no-op when they are
@@ -108,6 +151,7 @@ impl Adapters {
     /// The engine lost what it held (restarted, or left).
     pub fn clear(&self) {
         self.0.store(None);
+        self.1.store(None);
     }
 }
 

@@ -106,6 +106,7 @@ enum Sharing {
 fn several_routers(a: &Args, cfg: &SimConfig, reqs: &[trace::TraceRequest]) {
     let cfg = SimConfig {
         scrape_ms: Some(a.scrape_ms),
+        lora: None,
         ..*cfg
     };
     let mut runs = Vec::new();
@@ -225,6 +226,7 @@ fn main() {
                 max_queue: a.max_queue,
                 speedup,
                 scrape_ms: None,
+                lora: None,
             };
             if !a.routers.is_empty() {
                 println!(

@@ -10,6 +10,7 @@ mod completions;
 mod control;
 pub mod faults;
 pub mod latency;
+pub mod lora;
 pub mod metrics;
 pub mod openai;
 pub mod replica;

@@ -150,8 +150,9 @@ impl Fleetroute {
     }
 
     fn key<'a>(&self, req: &'a TraceRequest) -> RouteKey<'a> {
-        RouteKey {
-            model: Some("trace"),
+        let mut key = RouteKey {
+            // An adapter is the request's `model`, as clients name it.
+            model: Some(req.adapter.as_deref().unwrap_or("trace")),
             // The filter's content-derived key: system prompt plus first
             // user message, the same for every turn of a conversation.
             key: req.content_key,
@@ -163,7 +164,9 @@ impl Fleetroute {
             prompt_tokens: req.input_tokens as u32,
             tenant: req.tenant.as_str().into(),
             ..Default::default()
-        }
+        };
+        fleetroute::route::stage::adapter(&self.shared.snapshot().topo, &mut key);
+        key
     }
 
     /// The real decision for `req` at `now`, its load counted (no admission).
@@ -291,6 +294,22 @@ pub struct Placement {
 }
 
 impl SimRouter for Fleetroute {
+    /// Only the adapters the engines report (`vllm:lora_requests_info`):
+    /// the replays without adapters route on fleetroute's own counts.
+    fn scrape(&mut self, _now: f64, engines: &[super::sim::EngineFigures]) {
+        let snap = self.shared.snapshot_full();
+        let fleet = &snap.topo.fleets[0];
+        for (r, e) in engines.iter().enumerate() {
+            if let (Some(l), Some(rep)) = (&e.lora, fleet.replicas.get(ReplicaId(r))) {
+                let report = fleetroute::engine::EngineReport {
+                    lora: Some(l.clone()),
+                    ..Default::default()
+                };
+                rep.load.apply_report(&report, fleet.lora.as_ref());
+            }
+        }
+    }
+
     fn name(&self) -> String {
         self.label.clone()
     }
@@ -378,7 +397,15 @@ impl SimRouter for Fleetroute {
             return;
         };
         l.placed.guard.release();
-        let obs = Self::observation(&l.placed, l.routed_at, now, &l.req, cached, ttft_ms, None);
+        let obs = Self::observation(
+            &l.placed,
+            l.routed_at,
+            now,
+            &l.req,
+            cached,
+            ttft_ms,
+            Some(l.placed.decided),
+        );
         self.apply(now, Event::Observed(Box::new(obs)));
     }
 

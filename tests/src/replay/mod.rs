@@ -1,6 +1,8 @@
 //! Trace replay: the same requests, with the same arrival times, through each
 //! routing policy against simulated replicas, in one run.
 
+pub mod adapter_workload;
+pub mod adapters;
 pub mod fleetroute;
 pub mod multi;
 pub mod overload;

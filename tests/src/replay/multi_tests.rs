@@ -31,6 +31,7 @@ fn run(routers: usize, share: bool) -> (sim::Outcome, LeaseCounts) {
         max_queue: 256,
         speedup: 1.0,
         scrape_ms: Some(1000.0),
+        lora: None,
     };
     let opts = Options {
         routers,

@@ -3,17 +3,56 @@
 //! prefill lane (FIFO), then decode at a fixed rate per token.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use super::trace::TraceRequest;
 use crate::engine::cache::PrefixCache;
 use crate::engine::latency::LatencyModel;
+use crate::engine::lora::{LoraModel, LoraSlots};
 
 /// What a router sees of the replicas: requests it has in flight on each.
 pub struct View<'a> {
     pub inflight: &'a [u32],
     /// Exact engine caches (routers that receive KV events, like Dynamo's).
     pub caches: &'a [PrefixCache],
+    /// Per replica, the adapters of its running and waiting requests (as
+    /// vLLM's `vllm:lora_requests_info` reports them); empty without LoRA.
+    pub adapters: &'a [ReplicaAdapters],
+}
+
+/// The adapters one replica's requests use, with their request counts.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaAdapters {
+    pub running: HashMap<String, u32>,
+    pub waiting: HashMap<String, u32>,
+    pub max_loras: usize,
+}
+
+impl ReplicaAdapters {
+    /// As vLLM's metric names them.
+    pub fn report(&self) -> fleetroute::engine::LoraState {
+        let names = |m: &HashMap<String, u32>| {
+            let mut v: Vec<String> = m.keys().cloned().collect();
+            v.sort();
+            v
+        };
+        fleetroute::engine::LoraState {
+            max: Some(self.max_loras as u32),
+            running: names(&self.running),
+            waiting: names(&self.waiting),
+        }
+    }
+}
+
+fn bump(m: &mut HashMap<String, u32>, a: &str, up: bool) {
+    if up {
+        *m.entry(a.to_string()).or_default() += 1;
+    } else if let Some(n) = m.get_mut(a) {
+        *n -= 1;
+        if *n == 0 {
+            m.remove(a);
+        }
+    }
 }
 
 /// What a router with admission makes of an arriving request.
@@ -57,10 +96,13 @@ pub trait SimRouter {
 }
 
 /// What one replica's metrics endpoint reports.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct EngineFigures {
     pub running: u32,
     pub waiting: u32,
+    /// The adapters its requests use, as `vllm:lora_requests_info` says
+    /// (replicas holding adapters only).
+    pub lora: Option<fleetroute::engine::LoraState>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -78,6 +120,8 @@ pub struct SimConfig {
     pub speedup: f64,
     /// How often routers read the engines' figures (none: never).
     pub scrape_ms: Option<f64>,
+    /// Adapter slots of every replica (adapter workloads).
+    pub lora: Option<LoraModel>,
 }
 
 /// How often held requests are looked at, as fleetroute's queue head polls.
@@ -113,6 +157,9 @@ pub struct Outcome {
     pub per_replica: Vec<u64>,
     /// Prompt tokens prefilled (uncached) per replica.
     pub prefill_per_replica: Vec<u64>,
+    /// Adapter loads onto a GPU: from host memory, and from disk.
+    pub host_loads: u64,
+    pub disk_loads: u64,
 }
 
 #[derive(PartialEq)]
@@ -149,6 +196,36 @@ struct Replica {
     queue: VecDeque<usize>,
     lane_busy: bool,
     running: usize,
+    lora: Option<LoraSlots<String>>,
+}
+
+impl Replica {
+    /// The first queued request that can start now (one whose adapter can
+    /// be put on the GPU, as vLLM's scheduler skips those that cannot),
+    /// taken from the queue, with its adapter load time.
+    fn next(&mut self, reqs: &[TraceRequest], a: &mut ReplicaAdapters) -> Option<(usize, f64)> {
+        let Some(slots) = &mut self.lora else {
+            return self.queue.pop_front().map(|i| (i, 0.0));
+        };
+        let mut load_ms = 0.0;
+        let at = self.queue.iter().position(|&i| match &reqs[i].adapter {
+            None => true,
+            Some(ad) => match slots.acquire(ad, |x| a.running.contains_key(x)) {
+                Some((_, ms)) => {
+                    load_ms = ms;
+                    true
+                }
+                None => false,
+            },
+        })?;
+        let i = self.queue.remove(at).expect("present");
+        if let Some(ad) = &reqs[i].adapter {
+            bump(&mut a.waiting, ad, false);
+            bump(&mut a.running, ad, true);
+        }
+        let ms = load_ms;
+        Some((i, ms))
+    }
 }
 
 pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -> Outcome {
@@ -161,6 +238,13 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             queue: VecDeque::new(),
             lane_busy: false,
             running: 0,
+            lora: cfg.lora.map(LoraSlots::new),
+        })
+        .collect();
+    let mut adapters: Vec<ReplicaAdapters> = (0..n)
+        .map(|_| ReplicaAdapters {
+            max_loras: cfg.lora.map_or(0, |l| l.max_loras),
+            ..Default::default()
         })
         .collect();
     let mut inflight = vec![0u32; n];
@@ -211,9 +295,11 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             Kind::Scrape => {
                 let figures: Vec<EngineFigures> = reps
                     .iter()
-                    .map(|r| EngineFigures {
+                    .zip(&adapters)
+                    .map(|(r, a)| EngineFigures {
                         running: r.running as u32,
                         waiting: r.queue.len() as u32,
+                        lora: r.lora.as_ref().map(|_| a.report()),
                     })
                     .collect();
                 router.scrape(now, &figures);
@@ -232,6 +318,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                 let view = View {
                     inflight: &inflight,
                     caches: &caches,
+                    adapters: &adapters,
                 };
                 match router.arrive(now, i, &reqs[i], &view) {
                     Admitted::To(r) => enqueue.push((i, r.min(n - 1))),
@@ -258,6 +345,9 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             }
             Kind::Finish(r, i) => {
                 reps[r].running -= 1;
+                if let Some(a) = &reqs[i].adapter {
+                    bump(&mut adapters[r].running, a, false);
+                }
                 inflight[r] -= 1;
                 remaining -= 1;
                 router.finished(now, i, cached_of[i], ttft_of[i]);
@@ -267,6 +357,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
         let view = View {
             inflight: &inflight,
             caches: &caches,
+            adapters: &adapters,
         };
         for (i, r) in router.release(now, reqs, &view) {
             out.requests[i].waited_ms = now - arrival[i];
@@ -288,6 +379,9 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             }
             inflight[r] += 1;
             reps[r].queue.push_back(i);
+            if let Some(a) = &reqs[i].adapter {
+                bump(&mut adapters[r].waiting, a, true);
+            }
             start_on.push(r);
         }
         // Start the next prefill when the lane and a batch slot are free.
@@ -295,7 +389,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             let rep = &mut reps[r];
             if !rep.lane_busy
                 && rep.running < cfg.latency.max_batch
-                && let Some(i) = rep.queue.pop_front()
+                && let Some((i, load_ms)) = rep.next(reqs, &mut adapters[r])
             {
                 let req = &reqs[i];
                 let matched = caches[r].serve(&req.blocks);
@@ -307,13 +401,17 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                 out.prefill_per_replica[r] += req.input_tokens - cached;
                 rep.lane_busy = true;
                 rep.running += 1;
-                out.requests[i].prefill_ms = cfg.latency.prefill_ms(req.input_tokens - cached);
-                push(
-                    &mut heap,
-                    now + cfg.latency.prefill_ms(req.input_tokens - cached),
-                    Kind::PrefillDone(r, i),
-                );
+                // An adapter's load holds the lane like prefill does.
+                let prefill = cfg.latency.prefill_ms(req.input_tokens - cached) + load_ms;
+                out.requests[i].prefill_ms = prefill;
+                push(&mut heap, now + prefill, Kind::PrefillDone(r, i));
             }
+        }
+    }
+    for r in &reps {
+        if let Some(l) = &r.lora {
+            out.host_loads += l.host_loads;
+            out.disk_loads += l.disk_loads;
         }
     }
     out

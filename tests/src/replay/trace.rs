@@ -14,6 +14,9 @@ struct Line {
     /// Mooncake trace has none, and its first block stands in for it.
     #[serde(default)]
     system_blocks: Option<usize>,
+    /// The LoRA adapter asked for (generated adapter workloads).
+    #[serde(default)]
+    adapter: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -32,6 +35,8 @@ pub struct TraceRequest {
     /// The tenant that sent it (the overload replay assigns them; empty in
     /// the traces themselves).
     pub tenant: String,
+    /// The LoRA adapter it names in `model`; none: the base model.
+    pub adapter: Option<String>,
 }
 
 /// Blocks the prompt builder puts in the system message when a trace does not
@@ -65,6 +70,7 @@ pub fn load(text: &str, block_tokens: u64) -> Result<Vec<TraceRequest>, String> 
             system_blocks,
             content_key: content_key(&l.hash_ids, system_blocks),
             tenant: String::new(),
+            adapter: l.adapter,
             arrival_ms: l.timestamp,
             input_tokens: l.input_length,
             output_tokens: l.output_length.max(1),

@@ -66,6 +66,9 @@ use smallvec::SmallVec;
 struct Scored {
     replica: ReplicaId,
     overloaded: bool,
+    /// Every GPU adapter slot serves other adapters' running requests: the
+    /// request would wait for one to drain, however short the queue.
+    slots_taken: bool,
     inflight: f64,
     queued: f64,
     cost: f64,
@@ -200,6 +203,9 @@ pub fn choose(
     let rank = |a: &Scored, b: &Scored| {
         a.overloaded
             .cmp(&b.overloaded)
+            // When every replica is past a bound, one that can start the
+            // request at all before one whose adapter slots are taken.
+            .then(a.slots_taken.cmp(&b.slots_taken))
             .then(b.tied.cmp(&a.tied))
             .then_with(|| {
                 // Both tied or neither, by the line above.
@@ -262,32 +268,44 @@ fn score(
     key: &RouteKey<'_>,
     cfg: &ReplicaChoiceConfig,
 ) {
+    // Its load time, and whether every GPU slot is taken by running ones.
     let adapter = |load: &crate::topology::load::ReplicaLoad| match (key.adapter, &fleet.lora) {
-        (Some(id), Some(lora)) => load.adapters.get().map_or_else(
-            || lora.tokens(lora.disk_load_ms),
-            |r| r.load_tokens(id, lora),
+        (Some(id), Some(lora)) => (
+            load.adapters.get().map_or_else(
+                || lora.tokens(lora.disk_load_ms),
+                |r| r.load_tokens(id, lora),
+            ),
+            load.adapters.active().is_some_and(|a| a.slots_taken(id)),
         ),
-        _ => 0.0,
+        _ => (0.0, false),
     };
     scored.extend(cand.ready.iter().map(|r| {
         let load = &fleet.replicas[r.replica].load;
         let queued = load.pending_prefill() as f64
             + f64::from(load.engine_waiting()) * cfg.engine_queue_tokens;
         let cached = cached_tokens(r.matched, key);
+        let (adapter, slots_taken) = adapter(load);
         Scored {
             replica: r.replica,
-            overloaded: load.inflight() >= fleet.capacity.max_inflight,
+            // A request whose adapter finds no free GPU slot waits there
+            // like on a full replica.
+            overloaded: load.inflight() >= fleet.capacity.max_inflight || slots_taken,
+            slots_taken,
             inflight: f64::from(load.inflight()),
             queued,
             cost: 0.0,
             tied: false,
-            unit: r.unit,
+            // An adapter's requests share a home, whatever their keys:
+            // where one is loaded, the next finds it.
+            unit: key.adapter.map_or(r.unit, |a| {
+                crate::route::rendezvous::unit(a.0, fleet.replicas[r.replica].seed)
+            }),
             cached,
             own: r.matched.saturating_sub(key.opening_blocks),
             over_share: false,
             recent: load.recent(),
             first_byte: load.first_byte_reported(),
-            adapter: adapter(load),
+            adapter,
         }
     }));
 }

@@ -4,7 +4,6 @@
 //! reported (metric, and one log line when it goes missing), never read as
 //! zero; an engine that does not answer keeps its last figures.
 
-use crate::topology::AdapterId;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,17 +84,7 @@ async fn scrape_fleet(
         async move {
             let outcome = fetch(req, dialect).await;
             if let Outcome::Read(report) = &outcome {
-                load.set_report(report);
-                if let (Some(l), Some(lora)) = (&report.lora, &f.lora) {
-                    // What it runs is on its GPU, whoever sent it.
-                    let ids: Vec<AdapterId> = l
-                        .waiting
-                        .iter()
-                        .chain(&l.running)
-                        .map(|a| AdapterId::of(a))
-                        .collect();
-                    load.adapters.used(&ids, lora.max_cpu_loras);
-                }
+                load.apply_report(report, f.lora.as_ref());
                 // Leases the engine no longer knows of were lost in the
                 // access log: end them now rather than at their bound.
                 if let (Some(run), Some(wait)) = (report.running, report.waiting) {

@@ -42,6 +42,7 @@ fn an_observation_resolves_by_its_decision_not_by_names() {
         stage: StageId(0),
         fleet: FleetId(1),
         replica: ReplicaId(replica),
+        adapter: false,
     };
     // The names say fleet a; the decision (found by nonce) says b's second.
     w.apply(failure(7, "a", "10.0.0.1:1", Some(decided(1, 1))), now);
