@@ -91,6 +91,8 @@ impl ExternalProcessor for Service {
             // The request this stream routed, whose lease later messages
             // report on.
             let mut routed: Option<u64> = None;
+            // How long it waited for its adapter, told to the client.
+            let mut cold_start: Option<std::time::Duration> = None;
             // Envoy opens a stream to send a request's headers at once: one
             // that stays silent is not Envoy, and holds no task for long.
             let mut next = match tokio::time::timeout(FIRST_MESSAGE, inbound.message()).await {
@@ -138,6 +140,18 @@ impl ExternalProcessor for Service {
                                 }
                             }
                         };
+                        let answer = match &answer.load {
+                            // Envoy's timer covers the registration too.
+                            Some(p) => {
+                                if tx.send(Ok(reply::extend_timer(p.timeout))).await.is_err() {
+                                    break;
+                                }
+                                let (answer, waited) = answer.loaded(&shared).await;
+                                cold_start = waited;
+                                answer
+                            }
+                            None => answer,
+                        };
                         routed = answer.nonce;
                         answer.response
                     }
@@ -147,7 +161,10 @@ impl ExternalProcessor for Service {
                         if let Some(nonce) = routed.take() {
                             shared.leases.first_byte(nonce);
                         }
-                        reply::continue_unchanged(other)
+                        match cold_start.take() {
+                            Some(waited) => reply::cold_start(waited),
+                            None => reply::continue_unchanged(other),
+                        }
                     }
                     // Nothing else is asked for; anything else is let through
                     // so Envoy never waits on us.

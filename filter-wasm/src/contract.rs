@@ -76,6 +76,9 @@ pub const FIRST_BYTE: &str = "x-fleetroute-first-byte";
 pub const RENAME_ROOT_ID: &str = "fleetroute_rename";
 
 // Reserved response header, stripped by the filter before the client.
+/// Response header: how long the request waited for its LoRA adapter to
+/// be registered on its replica, ms (only when it waited).
+pub const COLD_START: &str = "x-fleetroute-cold-start";
 pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
 
 /// Every request header the contract defines. The Envoy route removes all of

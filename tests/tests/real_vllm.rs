@@ -23,9 +23,11 @@ fleets:
     region: here
     engine: vllm
     endpoints: ["V"]
+    lora: { max_loras: 2, load_path: "LORA/{adapter}", load_timeout_ms: 20000 }
 stages:
   - name: chat
-    models: [smollm2, adapter-a]
+    models: [smollm2]
+    adapters: [adapter-a]
     fleets: [cpu]
 "#;
 
@@ -39,7 +41,12 @@ fn replica(lab: &Lab) -> Option<Value> {
 fn vllm_dialect_cache_reuse_and_a_runtime_adapter() {
     let dir = tempfile::tempdir().expect("temp dir");
     let server = VllmServer::start("a", dir.path());
-    let router = ROUTER.replace("\"V\"", &format!("\"{}\"", server.addr));
+    let router = ROUTER
+        .replace("\"V\"", &format!("\"{}\"", server.addr))
+        .replace(
+            "LORA",
+            &server.venv.join("models/lora").display().to_string(),
+        );
     let lab = Lab::start(
         ENGINE,
         LabSpec {
@@ -103,14 +110,25 @@ fn vllm_dialect_cache_reuse_and_a_runtime_adapter() {
         0.0
     );
 
-    // An adapter loaded at run time, then asked for by name through Envoy.
-    let (status, body) = server.load_adapter("adapter-a");
-    assert_eq!(status, 200, "{body}");
+    // An adapter vLLM does not know yet, asked for by name through Envoy:
+    // fleetroute registers it (`/v1/load_lora_adapter`) and the client
+    // reads the wait.
     let body = json!({ "model": "adapter-a", "max_tokens": 4,
         "messages": [{ "role": "user", "content": "Name a color." }] });
     let r = post(&chat_url(&lab), body.to_string(), &[]);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.json()["model"], "adapter-a", "the adapter answered");
+    assert!(
+        r.header("x-fleetroute-cold-start").is_some(),
+        "{:?}",
+        r.headers
+    );
+    let r = post(&chat_url(&lab), body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.header("x-fleetroute-cold-start"), None, "registered once");
+    // Registered again by hand: vLLM says it has it.
+    let (status, body) = server.load_adapter("adapter-a");
+    assert_eq!(status, 400, "{body}");
     // The scrape reads vLLM's LoRA state (the newest `lora_requests_info`).
     let lora = wait_for_value(Duration::from_secs(10), || {
         replica(&lab).and_then(|r| r.get("engine_lora").cloned().filter(Value::is_object))

@@ -37,6 +37,9 @@ pub struct LoraConfig {
     /// replicas know every adapter already (`--lora-modules`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_path: Option<String>,
+    /// Longest a request waits for its adapter to be registered (with
+    /// `load_path`); past it the client gets a 503 with `retry-after`.
+    pub load_timeout_ms: u64,
 }
 
 impl Default for LoraConfig {
@@ -48,6 +51,7 @@ impl Default for LoraConfig {
             disk_load_ms: 370.0,
             prefill_tokens_per_sec: 10_000.0,
             load_path: None,
+            load_timeout_ms: 10_000,
         }
     }
 }

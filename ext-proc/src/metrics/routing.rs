@@ -100,6 +100,15 @@ pub struct Routing {
     pub tokens: Family<Tokens, Counter>,
     pub traffic_share: Family<StageFleet, GaugeF>,
     pub hit_rate: Family<HitRate, GaugeF>,
+    /// LoRA adapter registrations on replicas (`lora.load_path`).
+    pub adapter_loads: super::Results<AdapterLoad>,
+}
+
+super::labels::label_values! {
+    AdapterLoad {
+        Ok => "ok",
+        Failed => "failed",
+    }
 }
 
 impl Routing {
@@ -114,7 +123,13 @@ impl Routing {
             tokens: Family::default(),
             traffic_share: Family::default(),
             hit_rate: Family::default(),
+            adapter_loads: super::Results::default(),
         };
+        r.results(
+            "adapter_loads",
+            "Requests that waited for their LoRA adapter to be registered on their replica, by result",
+            &m.adapter_loads,
+        );
         r.add(
             "requests",
             "Requests routed, by stage, fleet and A/B arm",

@@ -22,6 +22,7 @@ use crate::admission::class::BadPriority;
 use crate::admission::judge::Refusal;
 use crate::admission::{Admission, Judged, Retried, Ticket};
 use crate::decision_trace::DecisionSpan;
+use crate::metrics::AdapterLoad;
 use crate::route::{Decision, Reject, key::RouteKey};
 use crate::state::lease::LeaseInput;
 use crate::state::{Shared, Snapshot};
@@ -40,6 +41,8 @@ pub enum Answer<'a> {
 pub struct Reply {
     pub response: ProcessingResponse,
     pub nonce: Option<u64>,
+    /// The adapter registration to wait for before `response` is sent.
+    pub load: Option<Box<crate::state::registrations::Pending>>,
 }
 
 impl From<ProcessingResponse> for Reply {
@@ -47,6 +50,41 @@ impl From<ProcessingResponse> for Reply {
         Reply {
             response,
             nonce: None,
+            load: None,
+        }
+    }
+}
+
+impl Reply {
+    /// Waits for the adapter registration it needs, if any: the route as
+    /// decided, with the wait, or the 503 that ends its lease.
+    pub async fn loaded(self, shared: &Shared) -> (Reply, Option<Duration>) {
+        let Some(p) = self.load.as_deref() else {
+            return (self, None);
+        };
+        match shared.registrations.run(p).await {
+            Ok(waited) => {
+                shared.metrics.routing.adapter_loads.inc(AdapterLoad::Ok);
+                let waited = Some(waited).filter(|w| !w.is_zero());
+                (Reply { load: None, ..self }, waited)
+            }
+            Err(why) => {
+                shared
+                    .metrics
+                    .routing
+                    .adapter_loads
+                    .inc(AdapterLoad::Failed);
+                tracing::warn!(adapter = %p.adapter, %why, "adapter registration failed");
+                if let Some(n) = self.nonce {
+                    shared.leases.end(n);
+                }
+                let reject = Reject::AdapterUnavailable {
+                    stage: p.stage.clone(),
+                    adapter: p.adapter.to_string(),
+                    why,
+                };
+                (reply::reject(&reject).into(), None)
+            }
         }
     }
 }
@@ -253,10 +291,18 @@ fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> Reply
         &shared.instance,
         asked.model,
     );
+    let load = d.adapter.and_then(|(id, _)| {
+        let at = (d.stage, d.fleet, *d.replicas.head());
+        shared
+            .registrations
+            .needed(&p.snapshot.topo, at, id)
+            .map(Box::new)
+    });
     shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
     Reply {
         response,
         nonce: Some(p.nonce),
+        load,
     }
 }
 

@@ -253,6 +253,24 @@ pub fn continue_unchanged(request: &Request) -> ProcessingResponse {
     }
 }
 
+/// The response headers as they came, plus `x-fleetroute-cold-start`: how
+/// long the request waited for its adapter, ms.
+pub fn cold_start(waited: Duration) -> ProcessingResponse {
+    let set_headers = vec![header(contract::COLD_START, waited.as_millis().to_string())];
+    ProcessingResponse {
+        response: Some(Response::ResponseHeaders(HeadersResponse {
+            response: Some(CommonResponse {
+                header_mutation: Some(HeaderMutation {
+                    set_headers,
+                    remove_headers: Vec::new(),
+                }),
+                ..Default::default()
+            }),
+        })),
+        ..Default::default()
+    }
+}
+
 /// What a held request's hold adds to Envoy's timer: time for the last
 /// decision and its reply to travel.
 pub const TIMER_MARGIN: Duration = Duration::from_millis(500);

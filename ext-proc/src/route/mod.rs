@@ -96,6 +96,12 @@ pub enum Reject {
     },
     /// The configured identity source names no tenant for it.
     Unidentified(Unidentified),
+    /// The replica chosen could not be given the request's adapter in time.
+    AdapterUnavailable {
+        stage: String,
+        adapter: String,
+        why: String,
+    },
 }
 
 impl Reject {
@@ -115,6 +121,7 @@ impl Reject {
             Reject::NoReadyReplica { stage, .. }
             | Reject::ResidencyUnsatisfiable { stage, .. }
             | Reject::PolicyRefused { stage }
+            | Reject::AdapterUnavailable { stage, .. }
             | Reject::TenantLimit { stage, .. } => Some(stage),
         }
     }
@@ -126,6 +133,7 @@ impl Reject {
             Reject::NoReadyReplica { .. } => "no_ready_replica",
             Reject::ResidencyUnsatisfiable { .. } => "residency_unsatisfiable",
             Reject::PolicyRefused { .. } => "no_acceptable_fleet",
+            Reject::AdapterUnavailable { .. } => "adapter_unavailable",
             Reject::TenantLimit { code, .. } => code,
             Reject::Unidentified(u) => u.code(),
         }
@@ -147,6 +155,7 @@ impl Reject {
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
             Reject::TenantLimit { retry_after_s, .. } => Some(*retry_after_s),
+            Reject::AdapterUnavailable { .. } => Some(1),
             _ => None,
         }
     }
@@ -173,6 +182,11 @@ impl Reject {
                     "stage '{stage}' has ready replicas but its routing policy accepts none of them"
                 )
             }
+            Reject::AdapterUnavailable {
+                stage,
+                adapter,
+                why,
+            } => format!("stage '{stage}' could not load adapter '{adapter}' in time: {why}"),
             Reject::TenantLimit {
                 tenant,
                 limit,

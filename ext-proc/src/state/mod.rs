@@ -54,6 +54,7 @@ pub mod peer_load;
 pub mod prefix_index;
 pub mod probe;
 pub mod readiness;
+pub mod registrations;
 
 pub mod saturation;
 mod snapshot;
@@ -278,6 +279,8 @@ pub struct Shared {
     /// answering 503 for replicas not probed yet (Envoy may call an instance
     /// before its health checks see it ready).
     pub deciding: std::sync::atomic::AtomicBool,
+    /// Adapters registered on replicas (`lora.load_path`).
+    pub registrations: registrations::Registrations,
 }
 
 impl std::fmt::Debug for Shared {

@@ -5,6 +5,7 @@
 //! order says where each one is.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 use arc_swap::ArcSwapOption;
 
@@ -94,7 +95,13 @@ impl Active {
 /// A replica's [`Resident`] and [`Active`], read by decisions without a lock
 /// and replaced when a request commits and when the engine is scraped.
 #[derive(Debug, Default)]
-pub struct Adapters(ArcSwapOption<Resident>, ArcSwapOption<Active>);
+pub struct Adapters(
+    ArcSwapOption<Resident>,
+    ArcSwapOption<Active>,
+    /// Bumped when the engine lost what it held: registrations made
+    /// before name an older epoch.
+    AtomicU64,
+);
 
 impl Adapters {
     pub fn get(&self) -> Option<Arc<Resident>> {
@@ -152,6 +159,11 @@ impl Adapters {
     pub fn clear(&self) {
         self.0.store(None);
         self.1.store(None);
+        self.2.fetch_add(1, Relaxed);
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.2.load(Relaxed)
     }
 }
 
@@ -167,6 +179,7 @@ mod tests {
             disk_load_ms: 100.0,
             prefill_tokens_per_sec: 1000.0,
             load_path: None,
+            load_timeout_ms: 1000,
         }
     }
 

@@ -4,7 +4,9 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use clap::Parser;
+use fleetroute_tests::engine::adapters::AdapterSettings;
 use fleetroute_tests::engine::latency::LatencyModel;
+use fleetroute_tests::engine::lora::LoraModel;
 use fleetroute_tests::engine::replica::ReplicaSettings;
 use fleetroute_tests::engine::{EngineConfig, run};
 
@@ -53,6 +55,27 @@ struct Args {
     /// Allow non-loopback listen addresses (containers only).
     #[arg(long)]
     any_address: bool,
+    /// Serve LoRA adapters with this many GPU slots per replica (vLLM's
+    /// --max-loras); unset: no adapters.
+    #[arg(long)]
+    max_loras: Option<usize>,
+    /// Adapters kept in host memory per replica (--max-cpu-loras).
+    #[arg(long)]
+    max_cpu_loras: Option<usize>,
+    /// Time to copy an adapter from host memory onto the GPU, ms.
+    #[arg(long, default_value_t = 25.0)]
+    lora_gpu_load_ms: f64,
+    /// Time to read an adapter from disk, ms.
+    #[arg(long, default_value_t = 370.0)]
+    lora_disk_load_ms: f64,
+    /// Adapters every replica knows from the start (--lora-modules),
+    /// comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    lora: Vec<String>,
+    /// Answer /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's
+    /// VLLM_ALLOW_RUNTIME_LORA_UPDATING).
+    #[arg(long)]
+    runtime_lora: bool,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -96,6 +119,16 @@ async fn main() -> ExitCode {
             default_max_tokens: a.default_max_tokens,
             models: a.models.into_iter().filter(|m| !m.is_empty()).collect(),
             api_key: None,
+            adapters: a.max_loras.map(|max_loras| AdapterSettings {
+                model: LoraModel {
+                    max_loras: max_loras.max(1),
+                    max_cpu_loras: a.max_cpu_loras.unwrap_or(max_loras).max(max_loras),
+                    gpu_load_ms: a.lora_gpu_load_ms,
+                    disk_load_ms: a.lora_disk_load_ms,
+                },
+                preloaded: a.lora.into_iter().filter(|m| !m.is_empty()).collect(),
+                runtime: a.runtime_lora,
+            }),
         },
     };
     match run(cfg).await {

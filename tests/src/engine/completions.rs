@@ -57,6 +57,7 @@ struct Job {
     /// The token index at which a `die_after_tokens` fault breaks the request.
     die_at: Option<u64>,
     _slot: Running,
+    _adapter: Option<super::adapters::InUse>,
 }
 
 async fn complete(
@@ -83,12 +84,25 @@ async fn complete(
         Ok(p) => p,
         Err(e) => return e.into_response(),
     };
+    // An adapter it knows, by the name in `model`, as vLLM serves them.
+    let adapter = rep
+        .adapters
+        .as_ref()
+        .filter(|a| a.knows(&params.model))
+        .map(|_| params.model.clone());
     let models = &rep.settings.models;
-    if !models.is_empty() && !models.contains(&params.model) {
+    if adapter.is_none() && !models.is_empty() && !models.contains(&params.model) {
         return ApiError::unknown_model(&params.model).into_response();
     }
     let prompt_tokens = params.canonical.len().div_ceil(BYTES_PER_TOKEN) as u64;
-    let blocks = block_hashes(&params.canonical, rep.settings.block_bytes, usize::MAX);
+    let mut blocks = block_hashes(&params.canonical, rep.settings.block_bytes, usize::MAX);
+    if let Some(a) = &adapter {
+        // An adapter's KV blocks are its own, as vLLM keys them.
+        let salt = xxhash_rust::xxh3::xxh3_64(a.as_bytes());
+        for b in &mut blocks {
+            *b = xxhash_rust::xxh3::xxh3_64(&(*b ^ salt).to_le_bytes());
+        }
+    }
     let completion_tokens = params.max_tokens.unwrap_or(rep.settings.default_max_tokens);
 
     let prep = Prepared {
@@ -98,6 +112,7 @@ async fn complete(
         prompt_tokens,
         blocks,
         completion_tokens,
+        adapter,
     };
     if prep.params.stream {
         prep.stream()
@@ -114,6 +129,8 @@ struct Prepared {
     prompt_tokens: u64,
     blocks: Vec<u64>,
     completion_tokens: u64,
+    /// The adapter `model` names, when the replica knows it as one.
+    adapter: Option<String>,
 }
 
 impl Prepared {
@@ -126,8 +143,18 @@ impl Prepared {
             prompt_tokens,
             blocks,
             completion_tokens,
+            adapter,
         } = self;
         let slot = rep.admit().await;
+        // Then a GPU slot for its adapter (waiting while every one serves
+        // other adapters' running requests), loaded if it is not there.
+        let (load_ms, in_use) = match (&rep.adapters, &adapter) {
+            (Some(ads), Some(name)) => {
+                let (ms, guard) = ads.acquire(name).await;
+                (ms, Some(guard))
+            }
+            _ => (0.0, None),
+        };
         // The cache is read when this prompt's prefill starts, after the
         // prompts ahead of it in the lane have filled it.
         let lane = rep.prefill_lane().await;
@@ -138,7 +165,7 @@ impl Prepared {
         };
         rep.stats.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
         rep.stats.cached_tokens.fetch_add(cached_tokens, Relaxed);
-        let prefill = rep.latency().prefill_ms(prompt_tokens - cached_tokens);
+        let prefill = rep.latency().prefill_ms(prompt_tokens - cached_tokens) + load_ms;
         pause(prefill).await;
         drop(lane);
 
@@ -164,6 +191,7 @@ impl Prepared {
                 .filter(|&n| n < completion_tokens),
             rep,
             _slot: slot,
+            _adapter: in_use,
         }
     }
 

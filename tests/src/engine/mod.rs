@@ -5,6 +5,7 @@
 //! The pure parts, [`cache::PrefixCache`] and [`latency::LatencyModel`], are
 //! shared with simulations that replay traces without servers.
 
+pub mod adapters;
 pub mod cache;
 mod completions;
 mod control;

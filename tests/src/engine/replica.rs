@@ -24,6 +24,8 @@ pub struct ReplicaSettings {
     /// Completions need `Authorization: Bearer <key>` (401 otherwise), as an
     /// external provider's API does.
     pub api_key: Option<String>,
+    /// LoRA adapters, as vLLM with `--enable-lora` serves them.
+    pub adapters: Option<super::adapters::AdapterSettings>,
 }
 
 pub struct Replica {
@@ -43,6 +45,8 @@ pub struct Replica {
     /// Every `Authorization` a completion request brought, so a test can tell
     /// whose credentials reached this replica.
     seen: Mutex<SeenAuth>,
+    /// Its LoRA adapters (`settings.adapters`), its own.
+    pub adapters: Option<Arc<super::adapters::Adapters>>,
 }
 
 /// Distinct `Authorization` values (at most [`MAX_SEEN`]) and requests without one.
@@ -122,6 +126,10 @@ impl Replica {
             fault: watch::Sender::new(Fault::default()),
             stats: Stats::default(),
             seen: Mutex::new(SeenAuth::default()),
+            adapters: settings
+                .adapters
+                .clone()
+                .map(|a| Arc::new(super::adapters::Adapters::new(a))),
             settings,
         })
     }

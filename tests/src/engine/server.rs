@@ -45,7 +45,18 @@ static SERVED_BY: HeaderName = HeaderName::from_static("x-served-by");
 static RECEIVED: HeaderName = HeaderName::from_static("x-sim-received-headers");
 
 pub fn router(replica: Arc<Replica>) -> Router {
-    Router::new()
+    let runtime_lora = replica
+        .adapters
+        .as_ref()
+        .is_some_and(|a| a.settings.runtime);
+    let router = if runtime_lora {
+        Router::new()
+            .route("/v1/load_lora_adapter", post(load_adapter))
+            .route("/v1/unload_lora_adapter", post(unload_adapter))
+    } else {
+        Router::new()
+    };
+    router
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
@@ -83,17 +94,82 @@ async fn health(State(rep): State<Arc<Replica>>) -> Response {
 
 /// The models this replica serves (empty: it answers for any model).
 async fn models(State(rep): State<Arc<Replica>>) -> Response {
-    let data: Vec<serde_json::Value> = rep
+    let mut data: Vec<serde_json::Value> = rep
         .settings
         .models
         .iter()
         .map(|m| serde_json::json!({ "id": m, "object": "model", "owned_by": "fleetroute-engine" }))
         .collect();
+    // The adapters it knows, as vLLM lists them.
+    if let Some(ads) = &rep.adapters {
+        data.extend(ads.names().into_iter().map(|a| {
+            serde_json::json!({ "id": a, "object": "model", "owned_by": "fleetroute-engine", "parent": rep.settings.models.first() })
+        }));
+    }
     axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
 }
 
+/// `{ lora_name, lora_path }`, as vLLM takes it; the path is not read.
+#[derive(serde::Deserialize)]
+struct AdapterBody {
+    lora_name: String,
+    #[serde(default)]
+    lora_path: Option<String>,
+}
+
+async fn load_adapter(State(rep): State<Arc<Replica>>, body: axum::body::Bytes) -> Response {
+    let Some(ads) = &rep.adapters else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Ok(b) = serde_json::from_slice::<AdapterBody>(&body) else {
+        return (StatusCode::BAD_REQUEST, "expected { lora_name, lora_path }").into_response();
+    };
+    // vLLM reads the weights from the path: one that is not there fails.
+    let path = b.lora_path.as_deref().unwrap_or("");
+    if !std::path::Path::new(path).exists() {
+        let msg = format!(
+            "Loading lora {} failed: No adapter found for {path}",
+            b.lora_name
+        );
+        return (StatusCode::BAD_REQUEST, msg).into_response();
+    }
+    match ads.register(&b.lora_name) {
+        Ok(()) => format!(
+            "Success: LoRA adapter '{}' added successfully.",
+            b.lora_name
+        )
+        .into_response(),
+        Err(e) => (StatusCode::BAD_REQUEST, e).into_response(),
+    }
+}
+
+async fn unload_adapter(State(rep): State<Arc<Replica>>, body: axum::body::Bytes) -> Response {
+    let Some(ads) = &rep.adapters else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Ok(b) = serde_json::from_slice::<AdapterBody>(&body) else {
+        return (StatusCode::BAD_REQUEST, "expected { lora_name }").into_response();
+    };
+    if ads.unregister(&b.lora_name) {
+        format!(
+            "Success: LoRA adapter '{}' removed successfully.",
+            b.lora_name
+        )
+        .into_response()
+    } else {
+        let msg = format!("The lora adapter '{}' cannot be found.", b.lora_name);
+        (StatusCode::NOT_FOUND, msg).into_response()
+    }
+}
+
 async fn prometheus(State(rep): State<Arc<Replica>>) -> Response {
-    let text = metrics::render(&rep.snapshot());
+    let mut text = metrics::render(&rep.snapshot());
+    if let Some(ads) = &rep.adapters {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        text.push_str(&super::adapters::render(&ads.figures(), now));
+    }
     (
         StatusCode::OK,
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],

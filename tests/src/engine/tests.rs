@@ -24,6 +24,7 @@ fn settings(max_batch: usize, decode_ms: f64) -> ReplicaSettings {
         default_max_tokens: 4,
         models: vec!["m".into()],
         api_key: None,
+        adapters: None,
     }
 }
 

@@ -129,6 +129,8 @@ fn placeholders(text: &str) -> Vec<String> {
     while let Some(start) = rest.find('{') {
         let after = &rest[start + 1..];
         match after.find('}') {
+            // `{adapter}` is a LoRA `load_path`'s, not a replica.
+            Some(end) if &after[..end] == "adapter" => rest = &after[end + 1..],
             Some(end)
                 if end > 0
                     && after[..end]

@@ -123,6 +123,7 @@ impl Writer {
             started: crate::clock::now(),
             shutdown: Arc::default(),
             deciding: std::sync::atomic::AtomicBool::new(true),
+            registrations: Default::default(),
         });
         let writer = Writer {
             shared: shared.clone(),
