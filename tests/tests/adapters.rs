@@ -110,6 +110,22 @@ fn every_request_goes_where_its_adapter_is() {
     let homes: BTreeSet<&String> = served.values().flatten().collect();
     assert_eq!(homes.len(), 3, "{served:?}");
     assert_eq!(loads(&lab), 3, "{served:?}");
+    // The snapshot shows each replica's adapter, the decisions theirs.
+    let (_, snap) = client::blocking_get(&format!("{}/debug/snapshot", lab.admin)).unwrap();
+    let snap: Value = serde_json::from_str(&snap).unwrap();
+    let held: BTreeSet<String> = snap["fleets"][0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["adapters"].as_array().unwrap().clone())
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        held,
+        BTreeSet::from(["chat".into(), "legal".into(), "sql".into()])
+    );
+    let (_, log) = client::blocking_get(&format!("{}/debug/decisions", lab.admin)).unwrap();
+    assert!(log.contains("\"adapter\":\"legal\""), "{log}");
     // The base model is served too, and lists the adapters.
     let r = post(&url(&lab), chat_body("base", None, "plain", false), &[]);
     assert_eq!(r.status, 200, "{}", r.body);

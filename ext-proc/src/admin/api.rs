@@ -110,6 +110,10 @@ pub struct ReplicaView {
     /// (vLLM with `--enable-lora`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_lora: Option<LoraView>,
+    /// The LoRA adapters it holds as fleetroute knows them, most recently
+    /// used first (the first `lora.max_loras` on its GPU); fleets with `lora`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapters: Option<Vec<String>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

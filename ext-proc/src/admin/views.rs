@@ -61,6 +61,11 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
             .replicas
             .iter()
             .map(|(r, rep)| {
+                // An id is a name's hash: the name from the stages it serves.
+                let adapter_name = |id| {
+                    let mut stages = snap.topo.stages_of(crate::topology::FleetId(f));
+                    stages.find_map(|s| s.adapters.name(id).map(|n| n.to_string()))
+                };
                 let st = snap.replicas[f][r];
                 let (hits, queries) = rep.load.engine_prefix_cache();
                 ReplicaView {
@@ -87,6 +92,10 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
                         max: l.max,
                         running: l.running.clone(),
                         waiting: l.waiting.clone(),
+                    }),
+                    adapters: fleet.lora.as_ref().map(|_| {
+                        let held = rep.load.adapters.get().unwrap_or_default();
+                        held.0.iter().filter_map(|&id| adapter_name(id)).collect()
                     }),
                 }
             })

@@ -107,6 +107,7 @@ pub async fn admit_and_commit(
         blocks: key.blocks,
         block_tokens: key.block_tokens,
         predicted_cached_tokens: decision.cached_tokens,
+        adapter: decision.adapter,
     })));
     Ok(Placed {
         snapshot,

@@ -60,6 +60,12 @@ pub struct DecisionRecord {
     /// those predicted in the chosen replica's cache, in the same unit.
     pub prompt_tokens: u64,
     pub predicted_cached_tokens: u64,
+    /// The LoRA adapter it named, and the load expected on the chosen
+    /// replica in prefill tokens (0: it was on the GPU there).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub adapter_load_tokens: Option<u64>,
 }
 
 impl DecisionRecord {
@@ -86,6 +92,11 @@ impl DecisionRecord {
             shadow: r.shadow.and_then(name),
             prompt_tokens: r.prompt_tokens,
             predicted_cached_tokens: r.predicted_cached_tokens,
+            adapter: r.adapter.and_then(|(id, _)| {
+                let stage = topo.stages.get(r.stage.index())?;
+                Some(stage.adapters.name(id)?.to_string())
+            }),
+            adapter_load_tokens: r.adapter.map(|(_, t)| t as u64),
         }
     }
 
@@ -97,6 +108,7 @@ impl DecisionRecord {
             + self.fleet.len()
             + self.replica.len()
             + self.shadow.as_ref().map_or(0, String::len)
+            + self.adapter.as_ref().map_or(0, String::len)
     }
 }
 
@@ -186,6 +198,8 @@ mod tests {
             shadow: None,
             prompt_tokens: 0,
             predicted_cached_tokens: 0,
+            adapter: None,
+            adapter_load_tokens: None,
         }
     }
 

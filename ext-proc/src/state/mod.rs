@@ -207,6 +207,9 @@ pub struct Routed {
     pub block_tokens: u32,
     pub prompt_tokens: u64,
     pub predicted_cached_tokens: u64,
+    /// The request's LoRA adapter and what loading it on the chosen replica
+    /// was expected to cost, prefill tokens.
+    pub adapter: Option<(crate::topology::AdapterId, f64)>,
 }
 
 #[derive(Debug)]

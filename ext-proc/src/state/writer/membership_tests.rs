@@ -96,6 +96,7 @@ impl Writer {
                 block_tokens: 10,
                 prompt_tokens: 100,
                 predicted_cached_tokens: 0,
+                adapter: None,
             })),
             now,
         );
