@@ -164,6 +164,7 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
                 blocks: p.clone(),
                 block_tokens: 16,
                 predicted_cached_tokens: d.cached_tokens,
+                adapter: d.adapter,
             })),
             now,
         );

@@ -3,7 +3,6 @@
 //! Nothing here depends on how the router keeps its state.
 
 use serde::{Deserialize, Serialize};
-
 use std::collections::BTreeMap;
 
 use crate::config::{
@@ -100,18 +99,15 @@ pub struct ReplicaView {
     pub engine_waiting: u32,
     /// `null` where the engine reports none (llama.cpp, TGI).
     pub engine_kv_usage: Option<f64>,
-    /// The engine's own prefix-cache counters since it started: prompt
-    /// tokens found in the cache, and looked up.
+    /// The engine's prefix-cache counters: prompt tokens found, looked up.
     #[serde(default)]
     pub engine_prefix_cache_hits: u64,
     #[serde(default)]
     pub engine_prefix_cache_queries: u64,
-    /// The LoRA adapters the engine runs and queues, where it reports them
-    /// (vLLM with `--enable-lora`).
+    /// LoRA adapters the engine runs and queues (vLLM with `--enable-lora`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine_lora: Option<LoraView>,
-    /// The LoRA adapters it holds as fleetroute knows them, most recently
-    /// used first (the first `lora.max_loras` on its GPU); fleets with `lora`.
+    /// Adapters it holds as fleetroute knows them, most recent first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adapters: Option<Vec<String>>,
 }

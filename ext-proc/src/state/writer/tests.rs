@@ -17,7 +17,6 @@ fn failure(key: u64, fleet: &str, replica: &str, decided: Option<Decided>) -> Ev
         total: Duration::from_millis(1),
         usage: None,
         predicted_cached_tokens: 0,
-        adapter: None,
         uncached_tokens: 0,
         queued_tokens: 0,
         arm: Arm::None,
