@@ -47,9 +47,6 @@ pub struct ReplicaLoad {
     engine_prefix_queries: AtomicU64,
     /// The LoRA adapters the engine reports (vLLM), as last scraped.
     engine_lora: ArcSwapOption<LoraState>,
-    /// The adapters it holds, most recently used first (routed requests and
-    /// the engine's reports together).
-    pub adapters: super::resident::Adapters,
     /// The other instances' requests in flight, prefill tokens and requests
     /// not yet answering here, summed; only the peer link writes them.
     peer_inflight: AtomicU32,
@@ -58,6 +55,11 @@ pub struct ReplicaLoad {
     /// Envoy has reported a first body byte from this replica: prefill
     /// shares here end at the first token, not at their estimate.
     first_byte_reported: AtomicBool,
+    /// The adapters it holds, most recently used first (routed requests and
+    /// the engine's reports together). Boxed: only adapter requests read
+    /// it, and inline it would spread the fields every decision reads over
+    /// more cache lines.
+    pub adapters: Box<super::resident::Adapters>,
 }
 
 /// One replica's load as one instance counts it, or as peers sum it.
