@@ -200,13 +200,14 @@ pub fn choose(
         );
     }
     mark_ties(&mut scored, cfg.tie_tokens);
+    let with_adapter = key.adapter.is_some();
     let rank = |a: &Scored, b: &Scored| {
         a.overloaded
             .cmp(&b.overloaded)
             // When every replica is past a bound, one that can start the
             // request at all before one whose adapter slots are taken.
-            .then(a.slots_taken.cmp(&b.slots_taken))
-            .then(b.tied.cmp(&a.tied))
+            .then_with(|| a.slots_taken.cmp(&b.slots_taken))
+            .then_with(|| b.tied.cmp(&a.tied))
             .then_with(|| {
                 // Both tied or neither, by the line above.
                 if a.tied {
@@ -215,7 +216,11 @@ pub fn choose(
                     // short to win on cost still follows it rather than its
                     // key (the share bound or the load guard may have
                     // placed it off its key's home).
-                    let own = a.adapter.total_cmp(&b.adapter).then(b.own.cmp(&a.own));
+                    let adapter = match with_adapter {
+                        true => a.adapter.total_cmp(&b.adapter),
+                        false => std::cmp::Ordering::Equal,
+                    };
+                    let own = adapter.then_with(|| b.own.cmp(&a.own));
                     // A new conversation's rendezvous home is no better
                     // than any tied replica: the fewest recent requests win.
                     let fewer = if new_conversation && !client_key {
