@@ -216,11 +216,7 @@ pub fn choose(
                     // short to win on cost still follows it rather than its
                     // key (the share bound or the load guard may have
                     // placed it off its key's home).
-                    let adapter = match with_adapter {
-                        true => a.adapter.total_cmp(&b.adapter),
-                        false => std::cmp::Ordering::Equal,
-                    };
-                    let own = adapter.then_with(|| b.own.cmp(&a.own));
+                    let own = by_adapter(with_adapter, a, b).then_with(|| b.own.cmp(&a.own));
                     // A new conversation's rendezvous home is no better
                     // than any tied replica: the fewest recent requests win.
                     let fewer = if new_conversation && !client_key {
@@ -262,6 +258,16 @@ pub fn choose(
                 .collect(),
         )
         .expect("a candidate fleet has a ready replica"),
+    }
+}
+
+/// The replica with less of the adapter's load first, when the request
+/// names an adapter (`with`); else no order.
+fn by_adapter(with: bool, a: &Scored, b: &Scored) -> std::cmp::Ordering {
+    if with {
+        a.adapter.total_cmp(&b.adapter)
+    } else {
+        std::cmp::Ordering::Equal
     }
 }
 
