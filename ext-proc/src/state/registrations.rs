@@ -14,6 +14,9 @@ use tokio::sync::OnceCell;
 
 use crate::topology::{AdapterId, FleetId, ReplicaId, StageId, Topology};
 
+/// Bytes of an engine's answer to a registration that are read.
+const MAX_ANSWER: usize = 4096;
+
 /// Registrations remembered, each a replica and adapter.
 const MAX_REGISTRATIONS: u64 = 65_536;
 
@@ -103,9 +106,17 @@ impl Registrations {
         if let Some(a) = &p.authorization {
             req = req.header("authorization", a.as_slice());
         }
-        let res = req.send().await.map_err(|e| format!("{}: {e}", p.url))?;
+        let mut res = req.send().await.map_err(|e| format!("{}: {e}", p.url))?;
         let status = res.status();
-        let text = res.text().await.unwrap_or_default();
+        // The engine's answer is a line; read no more than a few of them.
+        let mut body = Vec::new();
+        while body.len() < MAX_ANSWER {
+            match res.chunk().await {
+                Ok(Some(c)) => body.extend_from_slice(&c[..c.len().min(MAX_ANSWER - body.len())]),
+                _ => break,
+            }
+        }
+        let text = String::from_utf8_lossy(&body);
         // Another instance (or an earlier run) registered it first.
         if status.is_success() || text.contains("already been loaded") {
             tracing::info!(adapter = %p.adapter, url = %p.url, "adapter registered");

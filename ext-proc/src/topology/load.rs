@@ -211,8 +211,12 @@ impl ReplicaLoad {
     pub fn apply_report(&self, r: &EngineReport, lora: Option<&crate::config::LoraConfig>) {
         self.set_report(r);
         if let (Some(l), Some(cfg)) = (&r.lora, lora) {
+            // The engine writes these lists: no more are read than a
+            // replica can hold in host memory.
+            let cap = cfg.max_cpu_loras as usize;
             let ids = |v: &[String]| {
                 v.iter()
+                    .take(cap)
                     .map(|a| super::AdapterId::of(a))
                     .collect::<Vec<_>>()
             };

@@ -209,4 +209,25 @@ mod tests {
         assert_eq!(a.get().unwrap().place(id("b"), &l), Place::Gpu);
         assert_eq!(a.get().unwrap().place(id("c"), &l), Place::Host);
     }
+
+    #[test]
+    fn an_engine_report_is_read_no_further_than_host_memory_holds() {
+        let load = crate::topology::load::ReplicaLoad::default();
+        let names: Vec<String> = (0..10_000).map(|i| format!("a{i}")).collect();
+        let report = crate::engine::EngineReport {
+            lora: Some(crate::engine::LoraState {
+                max: Some(2),
+                running: names.clone(),
+                waiting: names,
+            }),
+            ..Default::default()
+        };
+        load.apply_report(&report, Some(&lora(2, 3)));
+        let active = load.adapters.active().unwrap();
+        assert_eq!(
+            (active.running.len(), active.waiting.len(), active.max),
+            (3, 3, 2)
+        );
+        assert_eq!(load.adapters.get().unwrap().0.len(), 3);
+    }
 }

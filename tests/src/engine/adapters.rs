@@ -177,7 +177,9 @@ impl Adapters {
     }
 }
 
-fn bump(m: &mut HashMap<String, u32>, a: &str, up: bool) {
+/// Counts one more (`up`) or one fewer request for adapter `a`; an adapter
+/// with none is dropped. Shared with the replay's replicas.
+pub fn bump(m: &mut HashMap<String, u32>, a: &str, up: bool) {
     if up {
         *m.entry(a.to_string()).or_default() += 1;
     } else if let Some(n) = m.get_mut(a) {

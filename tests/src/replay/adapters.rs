@@ -7,9 +7,9 @@
 
 use super::fleetroute::Fleetroute;
 use super::policies::LeastLoaded;
+use super::row;
 use super::sim::{self, Outcome, SimConfig, SimRouter, View};
 use super::trace::TraceRequest;
-use super::{pct, row};
 use crate::engine::lora::LoraModel;
 use fleetroute::config::{RouterConfig, ValidConfig};
 
@@ -205,13 +205,6 @@ pub fn table(rows: &[AdapterRow]) -> String {
         ));
     }
     s
-}
-
-/// The p90 of a row set's TTFT, for tests.
-pub fn p90(o: &Outcome) -> f64 {
-    let mut t = o.ttft_ms.clone();
-    t.sort_by(f64::total_cmp);
-    pct(&t, 0.9)
 }
 
 #[cfg(test)]

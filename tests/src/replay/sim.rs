@@ -6,6 +6,7 @@ use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 
 use super::trace::TraceRequest;
+use crate::engine::adapters::bump;
 use crate::engine::cache::PrefixCache;
 use crate::engine::latency::LatencyModel;
 use crate::engine::lora::{LoraModel, LoraSlots};
@@ -40,17 +41,6 @@ impl ReplicaAdapters {
             max: Some(self.max_loras as u32),
             running: names(&self.running),
             waiting: names(&self.waiting),
-        }
-    }
-}
-
-fn bump(m: &mut HashMap<String, u32>, a: &str, up: bool) {
-    if up {
-        *m.entry(a.to_string()).or_default() += 1;
-    } else if let Some(n) = m.get_mut(a) {
-        *n -= 1;
-        if *n == 0 {
-            m.remove(a);
         }
     }
 }
