@@ -14,6 +14,7 @@ use crate::config::{
     RoutingConfig, ScalingConfig, StageAdmission, ValidConfig, WarmupConfig, model_list,
 };
 pub mod adapters;
+pub mod hold;
 pub mod ids;
 pub mod load;
 pub mod pick;
@@ -22,6 +23,7 @@ pub mod slots;
 mod stages;
 
 pub use adapters::{AdapterId, StageAdapters};
+pub use hold::{Hold, HoldKind};
 pub use ids::{ById, Candidate, FleetId, NonEmpty, ReplicaId, StageId};
 pub use pick::Pick;
 pub use slots::{MAX_SLOTS, Slots};
@@ -77,8 +79,9 @@ pub struct Fleet {
     pub engine: Engine,
     pub engine_api: EngineApi,
     pub health_path: String,
-    /// How its replicas hold adapters (`FleetConfig::lora`).
-    pub lora: Option<crate::config::LoraConfig>,
+    /// How its replicas hold adapters (`FleetConfig::lora`) or models
+    /// (`FleetConfig::packing`).
+    pub hold: Option<Hold>,
 }
 
 #[derive(Clone, Debug)]
@@ -122,6 +125,9 @@ pub struct Stage {
     pub served: Vec<Option<String>>,
     /// The LoRA adapters of its model clients may name.
     pub adapters: Arc<StageAdapters>,
+    /// Its model as a packed fleet's replicas hold it (some fleet of the
+    /// stage loads models on demand): what a replica must have loaded.
+    pub packed: Option<AdapterId>,
     /// Sorted regions the stage may use.
     pub residency: Vec<String>,
     pub replicas: Option<Bounds>,
@@ -241,7 +247,11 @@ impl Topology {
                     engine: f.engine,
                     engine_api: f.engine_api.clone(),
                     health_path: f.health_path(&cfg.health_check).to_string(),
-                    lora: f.lora.clone(),
+                    hold: f
+                        .lora
+                        .as_ref()
+                        .map(Hold::adapters)
+                        .or(f.packing.as_ref().map(Hold::models)),
                 }
             })
             .collect::<Vec<_>>();
@@ -343,6 +353,28 @@ impl Topology {
 
 impl Stage {
     /// The name `fleet` serves this stage's model under, if it has its own.
+    /// The name of what a replica holds for this stage: an adapter's, or
+    /// its own model's on a packed fleet.
+    pub fn held_name(&self, id: AdapterId) -> Option<&str> {
+        match self.adapters.name(id) {
+            Some(n) => Some(n),
+            None => (self.packed == Some(id)).then_some(self.model.as_str()),
+        }
+    }
+
+    /// Whether `id` is one of the stage's adapters (not its packed model).
+    pub fn is_adapter(&self, id: AdapterId) -> bool {
+        self.packed != Some(id)
+    }
+
+    /// The model name written upstream on `fleet` for a request holding
+    /// `held`: the fleet's own name for the model, but an adapter keeps its
+    /// own (the fleet's name is its base model's).
+    pub fn rename(&self, fleet: FleetId, held: Option<AdapterId>) -> Option<&str> {
+        self.served_as(fleet)
+            .filter(|_| held.is_none_or(|id| !self.is_adapter(id)))
+    }
+
     pub fn served_as(&self, fleet: FleetId) -> Option<&str> {
         let i = self.fleets.iter().position(|&f| f == fleet)?;
         self.served.get(i)?.as_deref()

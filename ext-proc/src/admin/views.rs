@@ -64,7 +64,7 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
                 // An id is a name's hash: the name from the stages it serves.
                 let adapter_name = |id| {
                     let mut stages = snap.topo.stages_of(crate::topology::FleetId(f));
-                    stages.find_map(|s| s.adapters.name(id).map(|n| n.to_string()))
+                    stages.find_map(|s| s.held_name(id).map(|n| n.to_string()))
                 };
                 let st = snap.replicas[f][r];
                 let (hits, queries) = rep.load.engine_prefix_cache();
@@ -93,7 +93,7 @@ fn fleet_view(snap: &Snapshot, f: usize, stage: Option<(usize, usize)>) -> Fleet
                         running: l.running.clone(),
                         waiting: l.waiting.clone(),
                     }),
-                    adapters: fleet.lora.as_ref().map(|_| {
+                    adapters: fleet.hold.as_ref().map(|_| {
                         let held = rep.load.adapters.get().unwrap_or_default();
                         held.0.iter().filter_map(|&id| adapter_name(id)).collect()
                     }),

@@ -146,6 +146,10 @@ pub struct FleetConfig {
     /// stage that lists `adapters`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lora: Option<super::LoraConfig>,
+    /// The replicas serve several models, loaded on demand (llama.cpp's
+    /// router mode): every stage listing this fleet is one of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packing: Option<super::PackingConfig>,
 }
 
 impl FleetConfig {

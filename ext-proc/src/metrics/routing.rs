@@ -102,6 +102,8 @@ pub struct Routing {
     pub hit_rate: Family<HitRate, GaugeF>,
     /// LoRA adapter registrations on replicas (`lora.load_path`).
     pub adapter_loads: super::Results<AdapterLoad>,
+    /// Model loads on packed replicas (`packing`).
+    pub model_loads: super::Results<AdapterLoad>,
 }
 
 super::labels::label_values! {
@@ -124,11 +126,17 @@ impl Routing {
             traffic_share: Family::default(),
             hit_rate: Family::default(),
             adapter_loads: super::Results::default(),
+            model_loads: super::Results::default(),
         };
         r.results(
             "adapter_loads",
             "Requests that waited for their LoRA adapter to be registered on their replica, by result",
             &m.adapter_loads,
+        );
+        r.results(
+            "model_loads",
+            "Requests that waited for their model to be loaded on their packed replica, by result",
+            &m.model_loads,
         );
         r.add(
             "requests",

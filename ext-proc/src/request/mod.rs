@@ -64,28 +64,45 @@ impl Reply {
         };
         match shared.registrations.run(p).await {
             Ok(waited) => {
-                shared.metrics.routing.adapter_loads.inc(AdapterLoad::Ok);
+                loads(shared, p).inc(AdapterLoad::Ok);
                 let waited = Some(waited).filter(|w| !w.is_zero());
                 (Reply { load: None, ..self }, waited)
             }
             Err(why) => {
-                shared
-                    .metrics
-                    .routing
-                    .adapter_loads
-                    .inc(AdapterLoad::Failed);
-                tracing::warn!(adapter = %p.adapter, %why, "adapter registration failed");
+                loads(shared, p).inc(AdapterLoad::Failed);
+                tracing::warn!(name = %p.name, %why, "adapter or model load failed");
                 if let Some(n) = self.nonce {
                     shared.leases.end(n);
                 }
-                let reject = Reject::AdapterUnavailable {
-                    stage: p.stage.clone(),
-                    adapter: p.adapter.to_string(),
-                    why,
+                let (stage, name) = (p.stage.clone(), p.name.to_string());
+                let reject = if p.is_model() {
+                    Reject::ModelUnavailable {
+                        stage,
+                        model: name,
+                        why,
+                    }
+                } else {
+                    Reject::AdapterUnavailable {
+                        stage,
+                        adapter: name,
+                        why,
+                    }
                 };
                 (reply::reject(&reject).into(), None)
             }
         }
+    }
+}
+
+/// The counter of loads of `p`'s kind.
+fn loads<'a>(
+    shared: &'a Shared,
+    p: &crate::state::registrations::Pending,
+) -> &'a crate::metrics::Results<AdapterLoad> {
+    if p.is_model() {
+        &shared.metrics.routing.model_loads
+    } else {
+        &shared.metrics.routing.adapter_loads
     }
 }
 
@@ -291,11 +308,11 @@ fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> Reply
         &shared.instance,
         asked.model,
     );
-    let load = d.adapter.and_then(|(id, _)| {
+    let load = d.adapter.and_then(|(id, load)| {
         let at = (d.stage, d.fleet, *d.replicas.head());
         shared
             .registrations
-            .needed(&p.snapshot.topo, at, id)
+            .needed(&p.snapshot.topo, at, id, load == 0.0)
             .map(Box::new)
     });
     shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));

@@ -32,7 +32,11 @@ impl Placed {
             stage: self.decision.stage,
             fleet: self.decision.fleet,
             replica: *self.decision.replicas.head(),
-            adapter: self.decision.adapter.is_some(),
+            // It waited for an adapter slot or a load: its first token
+            // measured the mix, not the replica.
+            adapter: self.decision.adapter.is_some_and(|(id, load)| {
+                load > 0.0 || self.snapshot.topo.stages[self.decision.stage].is_adapter(id)
+            }),
         }
     }
 }
@@ -87,8 +91,8 @@ pub async fn admit_and_commit(
     let guard = replica.load.start(decision.uncached_tokens);
     // Now, not in the writer: the next request for this adapter, however
     // soon, sees it here and does not load it on a second replica.
-    if let (Some((id, _)), Some(lora)) = (decision.adapter, &topo.fleets[decision.fleet].lora) {
-        replica.load.adapters.used(&[id], lora.max_cpu_loras);
+    if let (Some((id, _)), Some(hold)) = (decision.adapter, &topo.fleets[decision.fleet].hold) {
+        replica.load.adapters.used(&[id], hold.kept);
         replica.load.adapters.sent(id);
     }
     let nonce = crate::clock::random_u64();

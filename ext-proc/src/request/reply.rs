@@ -130,10 +130,7 @@ pub fn route(
         // The route mirrors to the cluster this header names.
         set_headers.push(header(contract::SHADOW, topo.fleets[s].name.clone()));
     }
-    // An adapter keeps its own name: the fleet's name is its base model's.
-    let served = topo.stages[d.stage]
-        .served_as(d.fleet)
-        .filter(|_| d.adapter.is_none());
+    let served = topo.stages[d.stage].rename(d.fleet, d.adapter.map(|a| a.0));
     if let (Some(served), Some(asked)) = (served, requested)
         && served != asked
     {

@@ -117,8 +117,8 @@ pub fn context(snap: &Snapshot, d: &Decision, key: &RouteKey<'_>) -> AuditContex
         request_id: key.request_id.into(),
         model: crate::state::decision_log::truncate_to(model, MAX_MODEL).into(),
         model_served: snap.topo.stages[d.stage]
-            .served_as(d.fleet)
-            .filter(|&s| s != model && d.adapter.is_none())
+            .rename(d.fleet, d.adapter.map(|a| a.0))
+            .filter(|&s| s != model)
             .map(Into::into),
         policy: snap.topo.stages[d.stage].routing.policy().name(),
         reason: reason(snap, d),

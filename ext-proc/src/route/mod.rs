@@ -102,6 +102,12 @@ pub enum Reject {
         adapter: String,
         why: String,
     },
+    /// The packed replica chosen could not load the request's model in time.
+    ModelUnavailable {
+        stage: String,
+        model: String,
+        why: String,
+    },
 }
 
 impl Reject {
@@ -122,6 +128,7 @@ impl Reject {
             | Reject::ResidencyUnsatisfiable { stage, .. }
             | Reject::PolicyRefused { stage }
             | Reject::AdapterUnavailable { stage, .. }
+            | Reject::ModelUnavailable { stage, .. }
             | Reject::TenantLimit { stage, .. } => Some(stage),
         }
     }
@@ -134,6 +141,7 @@ impl Reject {
             Reject::ResidencyUnsatisfiable { .. } => "residency_unsatisfiable",
             Reject::PolicyRefused { .. } => "no_acceptable_fleet",
             Reject::AdapterUnavailable { .. } => "adapter_unavailable",
+            Reject::ModelUnavailable { .. } => "model_unavailable",
             Reject::TenantLimit { code, .. } => code,
             Reject::Unidentified(u) => u.code(),
         }
@@ -155,7 +163,7 @@ impl Reject {
     pub fn retry_after_s(&self) -> Option<u64> {
         match self {
             Reject::TenantLimit { retry_after_s, .. } => Some(*retry_after_s),
-            Reject::AdapterUnavailable { .. } => Some(1),
+            Reject::AdapterUnavailable { .. } | Reject::ModelUnavailable { .. } => Some(1),
             _ => None,
         }
     }
@@ -187,6 +195,9 @@ impl Reject {
                 adapter,
                 why,
             } => format!("stage '{stage}' could not load adapter '{adapter}' in time: {why}"),
+            Reject::ModelUnavailable { stage, model, why } => {
+                format!("stage '{stage}' could not load model '{model}' in time: {why}")
+            }
             Reject::TenantLimit {
                 tenant,
                 limit,
@@ -232,7 +243,10 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
         shadow: experiment::shadow(stage, snap, key, cf.fleet),
         sampling_key: key.conversation(),
         stage_load: StageLoad::of(&candidates),
-        adapter: key.adapter.map(|a| (a, choice.adapter_tokens)),
+        adapter: key
+            .adapter
+            .filter(|_| topo.fleets[cf.fleet].hold.is_some())
+            .map(|a| (a, choice.adapter_tokens)),
     })
 }
 

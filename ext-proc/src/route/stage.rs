@@ -23,16 +23,17 @@ pub fn resolve<'t>(
     Ok((idx, &topo.stages[idx]))
 }
 
-/// When the request's `model` is one of its stage's LoRA adapters: marks
-/// the key with it and moves its block hashes to the adapter's own (an
-/// engine caches them apart from the base model's). Call once, before
-/// deciding.
+/// When the request's `model` is one of its stage's LoRA adapters, or its
+/// stage's model is one a packed fleet loads on demand: marks the key with
+/// what a replica must hold and moves its block hashes to that one's own
+/// (an engine caches an adapter's apart from the base model's, and a packed
+/// replica each model's apart). Call once, before deciding.
 pub fn adapter(topo: &Topology, key: &mut RouteKey<'_>) {
-    let Some(model) = key.model else { return };
-    let Some(&stage) = topo.by_model.get(model) else {
+    let Ok((_, stage)) = resolve(topo, key.model) else {
         return;
     };
-    if let Some(id) = topo.stages[stage].adapters.id(model) {
+    let adapter = key.model.and_then(|m| stage.adapters.id(m));
+    if let Some(id) = adapter.or(stage.packed) {
         key.adapter = Some(id);
         for b in &mut key.blocks {
             *b = id.block(*b);

@@ -46,7 +46,9 @@ pub mod health;
 pub mod lease;
 mod members;
 
+mod engine_call;
 mod model;
+mod model_load;
 pub mod observation;
 pub mod outlier;
 pub mod peer;

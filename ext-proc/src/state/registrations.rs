@@ -1,26 +1,29 @@
-//! Registering a LoRA adapter on the replica a request goes to, for fleets
-//! whose replicas learn adapters at run time (`lora.load_path`): vLLM's
-//! `POST /v1/load_lora_adapter`, once per replica and adapter. The first
-//! request makes the call and the ones behind it wait for the same call
-//! (one load, never one per request or per replica: the replica choice
-//! sends them where the first went). The wait is bounded by
-//! `lora.load_timeout_ms`; the client reads it in `x-fleetroute-cold-start`,
-//! or gets a 503 with `retry-after` when it fails.
+//! Loading what a request needs on the replica it goes to: a LoRA adapter
+//! on a fleet whose replicas learn adapters at run time (`lora.load_path`,
+//! vLLM's `POST /v1/load_lora_adapter`), or a model on a packed fleet
+//! (`packing`, llama.cpp's `POST /models/load`). Once per replica and
+//! adapter or model: the first request makes the call and the ones behind
+//! it wait for the same call (one load, never one per request or per
+//! replica: the replica choice sends them where the first went). The wait
+//! is bounded by the fleet's `load_timeout_ms`; the client reads it in
+//! `x-fleetroute-cold-start`, or gets a 503 with `retry-after` when it fails.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::OnceCell;
 
-use crate::topology::{AdapterId, FleetId, ReplicaId, StageId, Topology};
+use super::engine_call::EngineCall;
+use super::model_load;
+use crate::topology::{AdapterId, FleetId, HoldKind, ReplicaId, StageId, Topology};
 
 /// Bytes of an engine's answer to a registration that are read.
 const MAX_ANSWER: usize = 4096;
 
-/// Registrations remembered, each a replica and adapter.
+/// Registrations remembered, each a replica and adapter or model.
 const MAX_REGISTRATIONS: u64 = 65_536;
 
-/// (replica identity, its adapters' epoch, adapter).
+/// (replica identity, what it holds' epoch, adapter or model).
 type Key = (u64, u64, AdapterId);
 
 pub struct Registrations {
@@ -41,88 +44,119 @@ impl Default for Registrations {
 #[derive(Debug)]
 pub struct Pending {
     key: Key,
-    url: String,
-    body: String,
+    cell: Arc<OnceCell<()>>,
+    addr: String,
     authorization: Option<Vec<u8>>,
     pub timeout: Duration,
     pub stage: String,
-    pub adapter: Arc<str>,
+    /// The adapter's or model's name.
+    pub name: Arc<str>,
+    /// `Some(path)`: an adapter, registered from there; `None`: a model.
+    adapter_path: Option<String>,
+}
+
+impl Pending {
+    pub fn is_model(&self) -> bool {
+        self.adapter_path.is_none()
+    }
 }
 
 impl Registrations {
-    /// The call a request for adapter `id`, routed to `replica`, waits
-    /// for: none when the adapter is registered there already, or the
-    /// fleet's replicas know every adapter.
+    /// The call a request for `id` (an adapter, or a packed model), routed
+    /// to `replica`, waits for: none when it is registered there already,
+    /// or the fleet's replicas know every adapter. `was_ready`: the
+    /// decision found it ready there (a packed model loaded); one that is
+    /// not, though loaded before, was evicted since and loads again.
     pub fn needed(
         &self,
         topo: &Topology,
         (stage, fleet, replica): (StageId, FleetId, ReplicaId),
         id: AdapterId,
+        was_ready: bool,
     ) -> Option<Pending> {
         let fleet = topo.fleets.get(fleet.index())?;
-        let lora = fleet.lora.as_ref()?;
+        let hold = fleet.hold.as_ref()?;
         let stage = topo.stages.get(stage.index())?;
-        let name = stage.adapters.name(id)?;
-        let path = lora.path_of(name)?;
+        let name = Arc::<str>::from(stage.held_name(id)?);
+        let adapter_path = match &hold.kind {
+            HoldKind::Adapters { load_path } => {
+                Some(load_path.as_ref()?.replace("{adapter}", &name))
+            }
+            HoldKind::Models => None,
+        };
         let replica = fleet.replicas.get(replica)?;
         let key = (
             xxhash_rust::xxh3::xxh3_64(replica.identity.as_bytes()),
             replica.load.adapters.epoch(),
             id,
         );
-        if self.done.get(&key).is_some_and(|c| c.initialized()) {
-            return None;
+        if let Some(cell) = self.done.get(&key).filter(|c| c.initialized()) {
+            // An adapter stays registered; a model stays loaded until the
+            // replica evicts it for others.
+            if adapter_path.is_some() || was_ready {
+                return None;
+            }
+            self.done.remove(&key);
+            drop(cell);
         }
         Some(Pending {
             key,
-            url: format!("http://{}/v1/load_lora_adapter", replica.addr),
-            body: serde_json::json!({ "lora_name": &**name, "lora_path": path }).to_string(),
+            // Made now, not when waited for: a request decided meanwhile
+            // finds it in flight.
+            cell: self.done.get_with(key, || Arc::new(OnceCell::new())),
+            addr: replica.addr.clone(),
             authorization: fleet.key.as_ref().map(|k| k.authorization().to_vec()),
-            timeout: Duration::from_millis(lora.load_timeout_ms),
+            timeout: Duration::from_millis(hold.load_timeout_ms),
             stage: stage.name.clone(),
-            adapter: name.clone(),
+            name,
+            adapter_path,
         })
     }
 
     /// Makes the call, or waits for the one in flight; how long it waited.
     pub async fn run(&self, p: &Pending) -> Result<Duration, String> {
         let start = crate::clock::now();
-        let cell = self.done.get_with(p.key, || Arc::new(OnceCell::new()));
-        let call = cell.get_or_try_init(|| self.call(p));
-        match tokio::time::timeout(p.timeout, call).await {
-            Ok(Ok(())) => Ok(start.elapsed()),
+        let call = p.cell.get_or_try_init(|| async {
+            match &p.adapter_path {
+                Some(path) => self.register_adapter(p, path).await,
+                None => model_load::load(&self.call(p), &p.name).await,
+            }
+        });
+        let out = match tokio::time::timeout(p.timeout, call).await {
+            Ok(Ok(_)) => Ok(start.elapsed()),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(format!("no answer within {} ms", p.timeout.as_millis())),
+        };
+        if out.is_err() {
+            // The next request tries again, on a fresh call.
+            self.done.remove(&p.key);
+        }
+        out
+    }
+
+    fn call<'a>(&'a self, p: &'a Pending) -> EngineCall<'a> {
+        EngineCall {
+            client: &self.client,
+            addr: &p.addr,
+            authorization: p.authorization.as_deref(),
+            timeout: p.timeout,
         }
     }
 
-    async fn call(&self, p: &Pending) -> Result<(), String> {
-        let mut req = self
-            .client
-            .post(&p.url)
-            .header("content-type", "application/json")
-            .body(p.body.clone())
-            .timeout(p.timeout);
-        if let Some(a) = &p.authorization {
-            req = req.header("authorization", a.as_slice());
-        }
-        let mut res = req.send().await.map_err(|e| format!("{}: {e}", p.url))?;
-        let status = res.status();
-        // The engine's answer is a line; read no more than a few of them.
-        let mut body = Vec::new();
-        while body.len() < MAX_ANSWER {
-            match res.chunk().await {
-                Ok(Some(c)) => body.extend_from_slice(&c[..c.len().min(MAX_ANSWER - body.len())]),
-                _ => break,
-            }
-        }
-        let text = String::from_utf8_lossy(&body);
+    async fn register_adapter(&self, p: &Pending, path: &str) -> Result<(), String> {
+        const PATH: &str = "/v1/load_lora_adapter";
+        let body = serde_json::json!({ "lora_name": &*p.name, "lora_path": path });
+        let call = self.call(p);
+        let (status, answer) = call.post(PATH, body.to_string(), MAX_ANSWER).await?;
         // Another instance (or an earlier run) registered it first.
-        if status.is_success() || text.contains("already been loaded") {
-            tracing::info!(adapter = %p.adapter, url = %p.url, "adapter registered");
+        if status.is_success() || contains(&answer, "already been loaded") {
+            tracing::info!(adapter = %p.name, addr = %p.addr, "adapter registered");
             return Ok(());
         }
-        let text: String = text.chars().take(200).collect();
-        Err(format!("{} answered {status}: {text}", p.url))
+        Err(call.refused(PATH, status, &answer))
     }
+}
+
+fn contains(answer: &[u8], text: &str) -> bool {
+    String::from_utf8_lossy(answer).contains(text)
 }

@@ -208,12 +208,12 @@ impl ReplicaLoad {
 
     /// [`ReplicaLoad::set_report`], and the adapters it runs (of a fleet
     /// holding adapters) as what its GPU holds and its requests use.
-    pub fn apply_report(&self, r: &EngineReport, lora: Option<&crate::config::LoraConfig>) {
+    pub fn apply_report(&self, r: &EngineReport, hold: Option<&super::Hold>) {
         self.set_report(r);
-        if let (Some(l), Some(cfg)) = (&r.lora, lora) {
+        if let (Some(l), Some(cfg)) = (&r.lora, hold.filter(|h| !h.is_models())) {
             // The engine writes these lists: no more are read than a
             // replica can hold in host memory.
-            let cap = cfg.max_cpu_loras as usize;
+            let cap = cfg.kept as usize;
             let ids = |v: &[String]| {
                 v.iter()
                     .take(cap)
@@ -223,11 +223,11 @@ impl ReplicaLoad {
             let (running, waiting) = (ids(&l.running), ids(&l.waiting));
             // What it runs is on its GPU, whoever sent it.
             let on_gpu: Vec<_> = waiting.iter().chain(&running).copied().collect();
-            self.adapters.used(&on_gpu, cfg.max_cpu_loras);
+            self.adapters.used(&on_gpu, cfg.kept);
             self.adapters.set_active(super::resident::Active {
                 running,
                 waiting,
-                max: l.max.map_or(cfg.max_loras as usize, |m| m as usize),
+                max: l.max.map_or(cfg.ready as usize, |m| m as usize),
             });
         }
     }

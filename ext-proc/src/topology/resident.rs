@@ -1,8 +1,9 @@
-//! The adapters a replica holds, as the router knows them: those it sent
-//! requests for and those the engine reports running or waiting, most
+//! The adapters (or packed models) a replica holds, as the router knows
+//! them: those it sent requests for and those the engine reports, most
 //! recently used first. An engine keeps the `max_loras` most recently used
-//! on the GPU and `max_cpu_loras` in host memory (vLLM's LRU caches), so the
-//! order says where each one is.
+//! adapters on the GPU and `max_cpu_loras` in host memory (vLLM's LRU
+//! caches), or its `max_models` most recently used models loaded
+//! (llama.cpp's router), so the order says where each one is.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use arc_swap::ArcSwapOption;
 
 use super::adapters::AdapterId;
-use crate::config::LoraConfig;
+use super::hold::Hold;
 
 /// Where an adapter is on one replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,35 +29,35 @@ pub enum Place {
 pub struct Resident(pub Vec<AdapterId>);
 
 impl Resident {
-    pub fn place(&self, id: AdapterId, lora: &LoraConfig) -> Place {
+    pub fn place(&self, id: AdapterId, hold: &Hold) -> Place {
         match self.0.iter().position(|&a| a == id) {
-            Some(i) if i < lora.max_loras as usize => Place::Gpu,
+            Some(i) if i < hold.ready as usize => Place::Gpu,
             Some(_) => Place::Host,
             None => Place::Absent,
         }
     }
 
     /// Every GPU slot is taken: a load evicts the least recently used.
-    pub fn gpu_full(&self, lora: &LoraConfig) -> bool {
-        self.0.len() >= lora.max_loras as usize
+    pub fn gpu_full(&self, hold: &Hold) -> bool {
+        self.0.len() >= hold.ready as usize
     }
 
     /// Prefill tokens' worth of time before a request for `id` can start
     /// here: nothing on the GPU; a copy from host memory or a read from
     /// disk; and when that evicts an adapter from a full GPU, its copy back
     /// when next asked for.
-    pub fn load_tokens(&self, id: AdapterId, lora: &LoraConfig) -> f64 {
-        let ms = match self.place(id, lora) {
+    pub fn load_tokens(&self, id: AdapterId, hold: &Hold) -> f64 {
+        let ms = match self.place(id, hold) {
             Place::Gpu => return 0.0,
-            Place::Host => lora.gpu_load_ms,
-            Place::Absent => lora.disk_load_ms,
+            Place::Host => hold.kept_load_ms,
+            Place::Absent => hold.load_ms,
         };
-        let evict = if self.gpu_full(lora) {
-            lora.gpu_load_ms
+        let evict = if self.gpu_full(hold) {
+            hold.evict_ms
         } else {
             0.0
         };
-        lora.tokens(ms + evict)
+        hold.tokens(ms + evict)
     }
 
     /// The list after `ids` were used (in this order), bounded by `cap`.
@@ -171,8 +172,8 @@ impl Adapters {
 mod tests {
     use super::*;
 
-    fn lora(gpu: u32, cpu: u32) -> LoraConfig {
-        LoraConfig {
+    fn lora(gpu: u32, cpu: u32) -> Hold {
+        Hold::adapters(&crate::config::LoraConfig {
             max_loras: gpu,
             max_cpu_loras: cpu,
             gpu_load_ms: 10.0,
@@ -180,7 +181,7 @@ mod tests {
             prefill_tokens_per_sec: 1000.0,
             load_path: None,
             load_timeout_ms: 1000,
-        }
+        })
     }
 
     #[test]
@@ -189,7 +190,7 @@ mod tests {
         let a = Adapters::default();
         let id = |n: &str| AdapterId::of(n);
         for n in ["a", "b", "c", "d"] {
-            a.used(&[id(n)], l.max_cpu_loras);
+            a.used(&[id(n)], l.kept);
         }
         let r = a.get().unwrap();
         assert_eq!(r.0, vec![id("d"), id("c"), id("b")]);
@@ -205,7 +206,7 @@ mod tests {
         let fresh = Resident(vec![id("x")]);
         assert_eq!(fresh.load_tokens(id("a"), &l), 100.0);
         // Using b again brings it back to the GPU.
-        a.used(&[id("b")], l.max_cpu_loras);
+        a.used(&[id("b")], l.kept);
         assert_eq!(a.get().unwrap().place(id("b"), &l), Place::Gpu);
         assert_eq!(a.get().unwrap().place(id("c"), &l), Place::Host);
     }

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::adapters::StageAdapters;
+use super::adapters::{AdapterId, StageAdapters};
 use super::{Experiment, Fleet, FleetId, Policy, Stage};
 use crate::config::PolicyKind;
 
@@ -24,6 +24,28 @@ pub(super) fn stage(
     };
     residency.sort();
     residency.dedup();
+    let model = s.models.first().unwrap_or(&s.name).clone();
+    let packs = |i: FleetId| {
+        fleets[i.index()]
+            .hold
+            .as_ref()
+            .is_some_and(|h| h.is_models())
+    };
+    // A packed fleet's replicas know each model by the stage's name for it:
+    // an alias a client sent is renamed to it.
+    let served = s
+        .fleets
+        .iter()
+        .zip(&idx)
+        .map(|(f, &i)| {
+            if packs(i) {
+                Some(model.clone())
+            } else {
+                f.model.clone()
+            }
+        })
+        .collect();
+    let packed = idx.iter().any(|&i| packs(i)).then(|| AdapterId::of(&model));
     let r = &s.routing;
     let policy = match r.policy() {
         PolicyKind::Priority => Policy::Priority {
@@ -44,10 +66,11 @@ pub(super) fn stage(
     };
     Stage {
         name: s.name.clone(),
-        model: s.models.first().unwrap_or(&s.name).clone(),
+        model: model.clone(),
         fleets: idx,
-        served: s.fleets.iter().map(|f| f.model.clone()).collect(),
+        served,
         adapters: Arc::new(StageAdapters::new(&s.adapters)),
+        packed,
         residency,
         replicas: s.replicas,
         policy,

@@ -6,6 +6,7 @@ pub mod dns;
 mod envoy;
 mod instances;
 pub mod llama;
+pub mod llama_router;
 pub mod procs;
 pub mod redis;
 pub mod scenario;

@@ -305,7 +305,7 @@ impl SimRouter for Fleetroute {
                     lora: Some(l.clone()),
                     ..Default::default()
                 };
-                rep.load.apply_report(&report, fleet.lora.as_ref());
+                rep.load.apply_report(&report, fleet.hold.as_ref());
             }
         }
     }

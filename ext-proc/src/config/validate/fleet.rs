@@ -19,6 +19,28 @@ pub(super) fn fleet(f: &FleetConfig, p: &str, e: &mut Errors) {
     if let Some(l) = &f.lora {
         lora(l, &format!("{p}.lora"), e);
     }
+    if let Some(k) = &f.packing {
+        packing(k, &format!("{p}.packing"), e);
+        e.ensure(
+            f.lora.is_none(),
+            format!("{p}.packing"),
+            "a fleet holds either adapters (`lora`) or several models (`packing`), not both",
+        );
+    }
+}
+
+fn packing(k: &crate::config::PackingConfig, p: &str, e: &mut Errors) {
+    e.in_range(format!("{p}.max_models"), k.max_models, 1..=1024);
+    e.non_negative(format!("{p}.load_ms"), k.load_ms);
+    e.positive(
+        format!("{p}.prefill_tokens_per_sec"),
+        k.prefill_tokens_per_sec,
+    );
+    e.in_range(
+        format!("{p}.load_timeout_ms"),
+        k.load_timeout_ms,
+        1..=crate::config::MAX_WAIT_CAP_MS,
+    );
 }
 
 fn lora(l: &crate::config::LoraConfig, p: &str, e: &mut Errors) {
@@ -36,6 +58,12 @@ fn lora(l: &crate::config::LoraConfig, p: &str, e: &mut Errors) {
     e.positive(
         format!("{p}.prefill_tokens_per_sec"),
         l.prefill_tokens_per_sec,
+    );
+    // Envoy's timer for fleetroute's answer is extended by at most this.
+    e.in_range(
+        format!("{p}.load_timeout_ms"),
+        l.load_timeout_ms,
+        1..=crate::config::MAX_WAIT_CAP_MS,
     );
     if let Some(path) = &l.load_path {
         e.ensure(

@@ -126,6 +126,18 @@ fn fleets(sc: &mut Scope<'_>, e: &mut Errors) {
             e.push(fp, format!("fleet '{name}' listed twice"));
             continue;
         }
+        let packed = sc
+            .cfg
+            .fleets
+            .iter()
+            .any(|f| &f.name == name && f.packing.is_some());
+        if packed && entry.model.is_some() {
+            // The replicas load and name each model by its stage's name.
+            e.push(
+                format!("{fp}.model"),
+                format!("fleet '{name}' packs models: it serves this stage's model as '{}', not under another name", sc.stage.models.first().unwrap_or(&sc.stage.name)),
+            );
+        }
         match sc.regions.get(name.as_str()) {
             None => e.push(fp, format!("unknown fleet '{name}'")),
             Some(region) => {

@@ -420,3 +420,45 @@ fn adapters_need_fleets_that_hold_them_and_names_of_their_own() {
         ]
     );
 }
+
+#[test]
+fn packed_fleets_are_checked_and_serve_models_by_their_stage_names() {
+    let packed = GOOD
+        .replace(
+            "    endpoints: [\"10.2.0.1:8000\"]\n",
+            "    endpoints: [\"10.2.0.1:8000\"]\n    packing: { max_models: 2, load_ms: 800 }\n",
+        )
+        .replace(
+            "stages:\n",
+            "stages:\n  - name: small\n    fleets: [eu-pool]\n  - name: tiny\n    fleets: [eu-pool]\n",
+        );
+    assert_eq!(errors(&packed), Vec::<String>::new());
+    let bad = packed
+        .replace(
+            "max_models: 2, load_ms: 800",
+            "max_models: 0, load_ms: -1, load_timeout_ms: 60000",
+        )
+        .replace(
+            "  - name: tiny\n    fleets: [eu-pool]\n",
+            "  - name: tiny\n    fleets: [{ name: eu-pool, model: other }]\n",
+        );
+    assert_eq!(
+        errors(&bad),
+        [
+            "fleets[2].packing.max_models: 0 must be between 1 and 1024",
+            "fleets[2].packing.load_ms: must be a finite number >= 0",
+            "fleets[2].packing.load_timeout_ms: 60000 must be between 1 and 30000",
+            "stages[1].fleets[0].model: fleet 'eu-pool' packs models: it serves this stage's model as 'tiny', not under another name",
+        ]
+    );
+    let both = packed.replace(
+        "    packing: { max_models: 2, load_ms: 800 }\n",
+        "    packing: { max_models: 2 }\n    lora: { max_loras: 2 }\n",
+    );
+    assert_eq!(
+        errors(&both),
+        [
+            "fleets[2].packing: a fleet holds either adapters (`lora`) or several models (`packing`), not both"
+        ]
+    );
+}

@@ -280,12 +280,11 @@ fn score(
     cfg: &ReplicaChoiceConfig,
 ) {
     // Its load time, and whether every GPU slot is taken by running ones.
-    let adapter = |load: &crate::topology::load::ReplicaLoad| match (key.adapter, &fleet.lora) {
-        (Some(id), Some(lora)) => (
-            load.adapters.get().map_or_else(
-                || lora.tokens(lora.disk_load_ms),
-                |r| r.load_tokens(id, lora),
-            ),
+    let adapter = |load: &crate::topology::load::ReplicaLoad| match (key.adapter, &fleet.hold) {
+        (Some(id), Some(hold)) => (
+            load.adapters
+                .get()
+                .map_or_else(|| hold.tokens(hold.load_ms), |r| r.load_tokens(id, hold)),
             load.adapters.active().is_some_and(|a| a.slots_taken(id)),
         ),
         _ => (0.0, false),

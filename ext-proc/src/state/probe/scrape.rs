@@ -84,7 +84,7 @@ async fn scrape_fleet(
         async move {
             let outcome = fetch(req, dialect).await;
             if let Outcome::Read(report) = &outcome {
-                load.apply_report(report, f.lora.as_ref());
+                load.apply_report(report, f.hold.as_ref());
                 // Leases the engine no longer knows of were lost in the
                 // access log: end them now rather than at their bound.
                 if let (Some(run), Some(wait)) = (report.running, report.waiting) {

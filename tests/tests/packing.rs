@@ -1,0 +1,172 @@
+//! Several models on one pool, through real Envoy: two real llama.cpp
+//! servers in router mode (`--models-dir`, one model loaded at a time,
+//! no autoload), three models and one whose file is no model. A model no
+//! replica holds is loaded on one replica (`POST /models/load`) while its
+//! first requests wait, which the client reads in
+//! `x-fleetroute-cold-start`; every request goes to a replica that has its
+//! model loaded (the engine refuses any other with a 400); a model evicted
+//! for another is loaded again; one that fails to load is a clear 503
+//! with `retry-after`, never a hang.
+#![cfg(feature = "e2e")] // needs Envoy, llama-server and the built binaries: scripts/test.sh
+
+use std::collections::BTreeSet;
+
+use fleetroute_tests::harness::client::{self, Reply, chat_body_tokens, post};
+use fleetroute_tests::harness::llama::Llama;
+use fleetroute_tests::harness::llama_router::LlamaRouter;
+use fleetroute_tests::harness::scenario::chat_url as url;
+use fleetroute_tests::harness::{Lab, LabSpec};
+
+const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
+
+const ROUTER: &str = r#"
+health_check: { interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }
+# llama.cpp's router answers /metrics per model only: load figures are
+# fleetroute's own.
+engine_metrics: { interval_ms: 0 }
+fleets:
+  - name: pool
+    region: here
+    engine: llamacpp
+    endpoints: ["A", "B"]
+    packing: { max_models: 1, load_ms: 1000, load_timeout_ms: 20000 }
+stages:
+  - { name: alpha, models: [alpha, alpha-latest], fleets: [pool] }
+  - { name: beta, fleets: [pool] }
+  - { name: gamma, fleets: [pool] }
+  - { name: broken, fleets: [pool] }
+"#;
+
+struct Rig {
+    routers: Vec<LlamaRouter>,
+    lab: Lab,
+    _dir: tempfile::TempDir,
+}
+
+impl Rig {
+    fn start() -> Rig {
+        let llama = Llama::require();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let models = ["alpha", "beta", "gamma", "broken"];
+        let routers: Vec<LlamaRouter> = ["a", "b"]
+            .iter()
+            .map(|n| LlamaRouter::start(&llama, n, dir.path(), &models, 1))
+            .collect();
+        let router = ROUTER
+            .replace("\"A\"", &format!("\"{}\"", routers[0].addr))
+            .replace("\"B\"", &format!("\"{}\"", routers[1].addr));
+        let lab = Lab::start(
+            ENGINE,
+            LabSpec {
+                router: &router,
+                ..Default::default()
+            },
+        );
+        Rig {
+            routers,
+            lab,
+            _dir: dir,
+        }
+    }
+
+    fn ask(&self, model: &str, i: usize) -> Reply {
+        let body = chat_body_tokens(
+            model,
+            Some(&format!("user-{i}")),
+            &format!("Say {i}."),
+            false,
+            2,
+        );
+        post(&url(&self.lab), body, &[])
+    }
+
+    /// The replica a request went to, from its decision record.
+    fn served_by(&self, r: &Reply) -> String {
+        let id = r.header("x-request-id").expect("request id");
+        self.lab.decision(id).expect("decision recorded").1
+    }
+
+    /// Which routers have `model` loaded.
+    fn holders(&self, model: &str) -> BTreeSet<String> {
+        self.routers
+            .iter()
+            .filter(|r| r.loaded().iter().any(|m| m == model))
+            .map(|r| r.addr.clone())
+            .collect()
+    }
+}
+
+#[test]
+fn a_cold_model_loads_on_one_replica_and_requests_only_go_where_theirs_is() {
+    let rig = Rig::start();
+    // Nothing loaded: the first request waits for its model, and says so.
+    let first = rig.ask("alpha", 0);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let cold: u64 = first
+        .header("x-fleetroute-cold-start")
+        .unwrap_or_else(|| panic!("no cold-start header: {:?}", first.headers))
+        .parse()
+        .unwrap();
+    assert!(cold > 0, "cold start {cold} ms");
+    assert!(first.body.contains("\"model\":\"alpha\""), "{}", first.body);
+    assert_eq!(rig.holders("alpha").len(), 1);
+    // Loaded now: no wait, same replica, and an alias is renamed to the
+    // name the engine knows.
+    let again = rig.ask("alpha-latest", 1);
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.header("x-fleetroute-cold-start"), None);
+    assert_eq!(rig.served_by(&again), rig.served_by(&first));
+
+    // Four at once for a second model: loaded once, on the other replica
+    // (one model each: loading it beside alpha would evict alpha).
+    let r = &rig;
+    let burst: Vec<Reply> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|i| s.spawn(move || r.ask("beta", 10 + i)))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &burst {
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_ne!(rig.served_by(r), rig.served_by(&first));
+    }
+    assert_eq!(rig.holders("beta").len(), 1);
+    assert_eq!(rig.holders("alpha").len(), 1, "alpha was evicted");
+
+    // A third model evicts one of them; the evicted one loads again when
+    // asked for: every request answered, none refused for a model the
+    // replica had dropped.
+    for (i, m) in ["gamma", "alpha", "beta", "gamma", "alpha"]
+        .iter()
+        .enumerate()
+    {
+        let r = rig.ask(m, 100 + i);
+        assert_eq!(r.status, 200, "{m}: {}", r.body);
+        assert_eq!(rig.holders(m).len(), 1, "{m} after request {i}");
+    }
+
+    // No model in the file: a clear 503 naming it, soon, and again on the
+    // next try (never remembered as loaded).
+    for i in 0..2 {
+        let r = rig.ask("broken", 200 + i);
+        assert_eq!(r.status, 503, "{}", r.body);
+        assert!(
+            r.body.contains("model_unavailable") && r.body.contains("'broken'"),
+            "{}",
+            r.body
+        );
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    // The loads are counted by result.
+    let metrics = client::blocking_get(&format!("{}/metrics", rig.lab.admin))
+        .unwrap()
+        .1;
+    let count = |result: &str| {
+        client::metric_sum(
+            &metrics,
+            "fleetroute_model_loads_total",
+            &[&format!("result=\"{result}\"")],
+        )
+    };
+    assert!(count("ok") >= 3.0 && count("failed") >= 2.0, "{metrics}");
+}
