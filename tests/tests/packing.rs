@@ -10,20 +10,21 @@
 #![cfg(feature = "e2e")] // needs Envoy, llama-server and the built binaries: scripts/test.sh
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use fleetroute_tests::harness::client::{self, Reply, chat_body_tokens, post};
 use fleetroute_tests::harness::llama::Llama;
 use fleetroute_tests::harness::llama_router::LlamaRouter;
 use fleetroute_tests::harness::scenario::chat_url as url;
-use fleetroute_tests::harness::{Lab, LabSpec};
+use fleetroute_tests::harness::{Lab, LabSpec, wait_until};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
 const ROUTER: &str = r#"
 health_check: { interval_ms: 500, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }
-# llama.cpp's router answers /metrics per model only: load figures are
-# fleetroute's own.
-engine_metrics: { interval_ms: 0 }
+# llama.cpp's router answers /metrics per model only (those scrapes fail:
+# load figures are fleetroute's own); its model list is read each round.
+engine_metrics: { interval_ms: 250, timeout_ms: 250 }
 fleets:
   - name: pool
     region: here
@@ -86,6 +87,21 @@ impl Rig {
         self.lab.decision(id).expect("decision recorded").1
     }
 
+    /// What fleetroute's snapshot says a replica holds.
+    fn held(&self, addr: &str) -> Vec<String> {
+        let (_, snap) =
+            client::blocking_get(&format!("{}/debug/snapshot", self.lab.admin)).unwrap();
+        let snap: serde_json::Value = serde_json::from_str(&snap).unwrap();
+        snap["fleets"][0]["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["addr"] == addr)
+            .flat_map(|r| r["adapters"].as_array().cloned().unwrap_or_default())
+            .filter_map(|a| a.as_str().map(String::from))
+            .collect()
+    }
+
     /// Which routers have `model` loaded.
     fn holders(&self, model: &str) -> BTreeSet<String> {
         self.routers
@@ -144,6 +160,27 @@ fn a_cold_model_loads_on_one_replica_and_requests_only_go_where_theirs_is() {
         assert_eq!(r.status, 200, "{m}: {}", r.body);
         assert_eq!(rig.holders(m).len(), 1, "{m} after request {i}");
     }
+
+    // A load behind fleetroute's back (another instance's) is read from the
+    // engine's list: the model it evicted is gone from that replica.
+    let other = rig
+        .routers
+        .iter()
+        .find(|r| !r.loaded().contains(&"gamma".to_string()))
+        .expect("gamma is on one replica");
+    let before = other.loaded();
+    let r = post(
+        &format!("http://{}/models/load", other.addr),
+        r#"{"model":"gamma"}"#,
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    wait_until(
+        "the snapshot to show the engine's load",
+        Duration::from_secs(20),
+        || rig.held(&other.addr) == ["gamma"],
+    );
+    assert_ne!(before, ["gamma"]);
 
     // No model in the file: a clear 503 naming it, soon, and again on the
     // next try (never remembered as loaded).

@@ -308,18 +308,11 @@ fn routed(shared: &Shared, p: Placed, asked: Asked<'_>, held: Duration) -> Reply
         &shared.instance,
         asked.model,
     );
-    let load = d.adapter.and_then(|(id, load)| {
-        let at = (d.stage, d.fleet, *d.replicas.head());
-        shared
-            .registrations
-            .needed(&p.snapshot.topo, at, id, load == 0.0)
-            .map(Box::new)
-    });
     shared.hold_load(p.nonce, p.guard, decided, &input, Some(p.charge));
     Reply {
         response,
         nonce: Some(p.nonce),
-        load,
+        load: p.load,
     }
 }
 

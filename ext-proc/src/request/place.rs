@@ -22,6 +22,8 @@ pub struct Placed {
     pub guard: RequestGuard,
     /// The tenant's reservation, to ride with the load's lease.
     pub charge: Charge,
+    /// The adapter registration or model load to wait for first.
+    pub load: Option<Box<crate::state::registrations::Pending>>,
 }
 
 impl Placed {
@@ -89,6 +91,15 @@ pub async fn admit_and_commit(
     let topo = &snapshot.topo;
     let replica = &topo.fleets[decision.fleet].replicas[*decision.replicas.head()];
     let guard = replica.load.start(decision.uncached_tokens);
+    // Before it is marked held: a request decided from now on finds the
+    // load in flight and waits for it.
+    let load = decision.adapter.and_then(|(id, load)| {
+        let at = (decision.stage, decision.fleet, *decision.replicas.head());
+        shared
+            .registrations
+            .needed(topo, at, id, load == 0.0)
+            .map(Box::new)
+    });
     // Now, not in the writer: the next request for this adapter, however
     // soon, sees it here and does not load it on a second replica.
     if let (Some((id, _)), Some(hold)) = (decision.adapter, &topo.fleets[decision.fleet].hold) {
@@ -119,5 +130,6 @@ pub async fn admit_and_commit(
         nonce,
         guard,
         charge,
+        load,
     })
 }

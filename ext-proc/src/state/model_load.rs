@@ -19,7 +19,7 @@ const MAX_LIST: usize = 1 << 20;
 /// Between two looks at the model list.
 const POLL: Duration = Duration::from_millis(50);
 
-pub(super) async fn load(call: &EngineCall<'_>, name: &str) -> Result<(), String> {
+pub(crate) async fn load(call: &EngineCall<'_>, name: &str) -> Result<(), String> {
     let body = serde_json::json!({ "model": name }).to_string();
     let (status, answer) = call.post("/models/load", body, MAX_ANSWER).await?;
     let running = String::from_utf8_lossy(&answer).contains("already running");
@@ -45,6 +45,28 @@ pub(super) async fn load(call: &EngineCall<'_>, name: &str) -> Result<(), String
             Status::Loading => tokio::time::sleep(POLL).await,
         }
     }
+}
+
+/// The models a replica has loaded, and those it is loading; `None` when
+/// it did not answer with a list (the scrape keeps what it knew).
+pub(crate) async fn held(call: &EngineCall<'_>) -> Option<(Vec<String>, Vec<String>)> {
+    let (status, body) = call.get("/models", MAX_LIST).await.ok()?;
+    let list: List = serde_json::from_slice(&body)
+        .ok()
+        .filter(|_| status.is_success())?;
+    Some(by_status(list))
+}
+
+fn by_status(list: List) -> (Vec<String>, Vec<String>) {
+    let (mut loaded, mut loading) = (Vec::new(), Vec::new());
+    for e in list.data {
+        match e.status.as_ref().map(|s| s.value.as_str()) {
+            None | Some("loaded") => loaded.push(e.id),
+            Some("loading") => loading.push(e.id),
+            Some(_) => {}
+        }
+    }
+    (loaded, loading)
 }
 
 enum Status {
@@ -122,5 +144,10 @@ mod tests {
         assert!(matches!(parse(&l, "d"), Status::Loading));
         assert!(matches!(parse(&l, "e"), Status::Loaded));
         assert!(matches!(parse(&l, "z"), Status::Missing));
+        let (loaded, loading) = by_status(l);
+        assert_eq!(
+            (loaded, loading),
+            (vec!["a".to_string(), "e".into()], vec!["b".to_string()])
+        );
     }
 }

@@ -53,6 +53,10 @@ pub struct Pending {
     pub name: Arc<str>,
     /// `Some(path)`: an adapter, registered from there; `None`: a model.
     adapter_path: Option<String>,
+    /// The replica's record of what it holds: a model that failed to load
+    /// is not held.
+    replica: Arc<crate::topology::load::ReplicaLoad>,
+    id: AdapterId,
 }
 
 impl Pending {
@@ -90,14 +94,21 @@ impl Registrations {
             replica.load.adapters.epoch(),
             id,
         );
-        if let Some(cell) = self.done.get(&key).filter(|c| c.initialized()) {
+        match self.done.get(&key).map(|c| c.initialized()) {
             // An adapter stays registered; a model stays loaded until the
             // replica evicts it for others.
-            if adapter_path.is_some() || was_ready {
-                return None;
+            Some(true) if adapter_path.is_some() || was_ready => return None,
+            // Evicted since: load it again.
+            Some(true) => {
+                self.done.remove(&key);
             }
-            self.done.remove(&key);
-            drop(cell);
+            // In flight: wait for it.
+            Some(false) => {}
+            // A model the engine reports loaded (another instance's load,
+            // or one from its start). Every load of this instance made its
+            // call before the model was marked held.
+            None if adapter_path.is_none() && was_ready => return None,
+            None => {}
         }
         Some(Pending {
             key,
@@ -110,6 +121,8 @@ impl Registrations {
             stage: stage.name.clone(),
             name,
             adapter_path,
+            replica: replica.load.clone(),
+            id,
         })
     }
 
@@ -130,6 +143,9 @@ impl Registrations {
         if out.is_err() {
             // The next request tries again, on a fresh call.
             self.done.remove(&p.key);
+            if p.is_model() {
+                p.replica.adapters.forget(p.id);
+            }
         }
         out
     }

@@ -156,6 +156,39 @@ impl Adapters {
         });
     }
 
+    /// What the engine lists as held (a packed replica's models): those it
+    /// neither has nor is loading are gone (evicted, or failed to load);
+    /// those it has loaded unknown to this instance (another's loads) are
+    /// added after the ones known. One it is loading stays only if known
+    /// here (this instance's load in flight): another's may yet fail.
+    pub fn engine_holds(&self, loaded: &[AdapterId], loading: &[AdapterId], cap: u32) {
+        let loaded = &loaded[..loaded.len().min(cap as usize)];
+        self.0.rcu(|cur| {
+            let base = cur.as_deref().map_or(&[][..], |r| &r.0[..]);
+            let mut v: Vec<AdapterId> = base
+                .iter()
+                .copied()
+                .filter(|a| loaded.contains(a) || loading.contains(a))
+                .collect();
+            v.extend(loaded.iter().filter(|a| !base.contains(a)));
+            v.truncate(cap as usize);
+            if v == base {
+                cur.clone()
+            } else {
+                Some(Arc::new(Resident(v)))
+            }
+        });
+    }
+
+    /// `id` is not held after all (its load failed).
+    pub fn forget(&self, id: AdapterId) {
+        self.0.rcu(|cur| {
+            let mut r = cur.as_deref().cloned().unwrap_or_default();
+            r.0.retain(|&a| a != id);
+            Some(Arc::new(r))
+        });
+    }
+
     /// The engine lost what it held (restarted, or left).
     pub fn clear(&self) {
         self.0.store(None);
@@ -209,6 +242,21 @@ mod tests {
         a.used(&[id("b")], l.kept);
         assert_eq!(a.get().unwrap().place(id("b"), &l), Place::Gpu);
         assert_eq!(a.get().unwrap().place(id("c"), &l), Place::Host);
+    }
+
+    #[test]
+    fn an_engine_list_drops_what_it_evicted_and_adds_what_others_loaded() {
+        let a = Adapters::default();
+        let id = |n: &str| AdapterId::of(n);
+        a.used(&[id("x"), id("y"), id("w")], 3);
+        // y evicted, w still loading (ours), z loaded by another, v loading
+        // by another.
+        a.engine_holds(&[id("x"), id("z")], &[id("w"), id("v")], 3);
+        assert_eq!(a.get().unwrap().0, vec![id("w"), id("x"), id("z")]);
+        a.forget(id("w"));
+        assert_eq!(a.get().unwrap().0, vec![id("x"), id("z")]);
+        a.engine_holds(&[id("a"), id("b"), id("c"), id("d")], &[], 2);
+        assert_eq!(a.get().unwrap().0, vec![id("a"), id("b")]);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::config::EngineMetricsConfig;
 use crate::engine::{self, Dialect, EngineReport, ScrapeError, Signals};
 use crate::metrics::{FleetEngine, ScrapeResult};
 use crate::state::Shared;
-use crate::topology::Fleet;
+use crate::topology::{AdapterId, Fleet};
 
 /// Added to a lease's age before the engine's count can end it.
 const RECONCILE_SLACK: Duration = Duration::from_secs(2);
@@ -81,7 +81,24 @@ async fn scrape_fleet(
         let req = super::with_key(client.get(&url).timeout(timeout), f);
         let dialect = &dialect;
         let load = r.load.clone();
+        let key = f.key.as_ref().map(|k| k.authorization().to_vec());
+        let (addr, hold) = (r.addr.clone(), f.hold.as_ref());
         async move {
+            // A packed replica's models, as the engine lists them: what it
+            // evicted or another instance loaded.
+            if let Some(h) = hold.filter(|h| h.is_models()) {
+                let call = crate::state::engine_call::EngineCall {
+                    client,
+                    addr: &addr,
+                    authorization: key.as_deref(),
+                    timeout,
+                };
+                if let Some((loaded, loading)) = crate::state::model_load::held(&call).await {
+                    let ids = |v: &[String]| v.iter().map(|m| AdapterId::of(m)).collect::<Vec<_>>();
+                    load.adapters
+                        .engine_holds(&ids(&loaded), &ids(&loading), h.kept);
+                }
+            }
             let outcome = fetch(req, dialect).await;
             if let Outcome::Read(report) = &outcome {
                 load.apply_report(report, f.hold.as_ref());
