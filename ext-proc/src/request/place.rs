@@ -34,11 +34,9 @@ impl Placed {
             stage: self.decision.stage,
             fleet: self.decision.fleet,
             replica: *self.decision.replicas.head(),
-            // It waited for an adapter slot or a load: its first token
-            // measured the mix, not the replica.
-            adapter: self.decision.adapter.is_some_and(|(id, load)| {
-                load > 0.0 || self.snapshot.topo.stages[self.decision.stage].is_adapter(id)
-            }),
+            // Its first token measures what the replica holds and loads
+            // (adapters, or a packed replica's models), not its health.
+            adapter: self.decision.adapter.is_some(),
         }
     }
 }

@@ -255,4 +255,6 @@ mod adapter_tests;
 #[cfg(test)]
 mod membership_tests;
 #[cfg(test)]
+mod packing_tests;
+#[cfg(test)]
 mod share_tests;

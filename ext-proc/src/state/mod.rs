@@ -184,7 +184,8 @@ pub struct Decided {
     pub stage: StageId,
     pub fleet: FleetId,
     pub replica: ReplicaId,
-    /// It named a LoRA adapter.
+    /// It named a LoRA adapter, or went to a packed replica: its first
+    /// token is not judged (see `state::outlier`).
     pub adapter: bool,
 }
 

@@ -164,7 +164,8 @@ impl FleetModel {
             let out = o.usage.map_or(0, |u| u.completion_tokens);
             if let Some(m) = self.replicas.get_mut(r) {
                 // An adapter's time to first token depends on the adapters
-                // its replica runs (loads, slots taken), not on its health.
+                // its replica runs (loads, slots taken), a packed replica's
+                // on the models it holds and loads: not on its health.
                 let adapter = o.decided.is_some_and(|d| d.adapter);
                 let work = Some(work).filter(|_| !adapter);
                 m.outlier

@@ -76,6 +76,7 @@ fn main() {
         max_cpu_loras: a.max_cpu_loras,
         gpu_load_ms: a.gpu_load_ms,
         disk_load_ms: a.disk_load_ms,
+        overlapped: false,
     };
     println!(
         "{} replicas, {} adapter slots each ({} in host memory), loads {} ms from host / {} ms from disk; {} adapters, Zipf({}), {} requests at {}/s, seed {}\n",

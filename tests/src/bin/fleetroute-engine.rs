@@ -125,6 +125,7 @@ async fn main() -> ExitCode {
                     max_cpu_loras: a.max_cpu_loras.unwrap_or(max_loras).max(max_loras),
                     gpu_load_ms: a.lora_gpu_load_ms,
                     disk_load_ms: a.lora_disk_load_ms,
+                    overlapped: false,
                 },
                 preloaded: a.lora.into_iter().filter(|m| !m.is_empty()).collect(),
                 runtime: a.runtime_lora,

@@ -217,6 +217,7 @@ mod tests {
                 max_cpu_loras: 2,
                 gpu_load_ms: 5.0,
                 disk_load_ms: 50.0,
+                overlapped: false,
             },
             preloaded: vec!["a".into()],
             runtime: true,

@@ -21,6 +21,10 @@ pub struct LoraModel {
     pub max_cpu_loras: usize,
     pub gpu_load_ms: f64,
     pub disk_load_ms: f64,
+    /// A load runs beside the replica's other work (a packed replica's
+    /// model, loaded by a process of its own) rather than in its prefill
+    /// lane (vLLM's adapter loads, made in its scheduler step).
+    pub overlapped: bool,
 }
 
 impl Default for LoraModel {
@@ -30,6 +34,7 @@ impl Default for LoraModel {
             max_cpu_loras: 32,
             gpu_load_ms: 25.0,
             disk_load_ms: 370.0,
+            overlapped: false,
         }
     }
 }
@@ -125,6 +130,7 @@ mod tests {
             max_cpu_loras: 3,
             gpu_load_ms: 10.0,
             disk_load_ms: 100.0,
+            overlapped: false,
         };
         let mut s = LoraSlots::new(m);
         let free = |_: &&str| false;

@@ -166,6 +166,7 @@ pub fn compare(cfg: &SimConfig, lora: LoraModel, reqs: &[TraceRequest]) -> Vec<A
         max_cpu_loras: names.len().max(1),
         gpu_load_ms: 0.0,
         disk_load_ms: 0.0,
+        overlapped: false,
     };
     for (label, model) in [
         ("fleetroute, every adapter in host memory", host),

@@ -21,7 +21,7 @@ use fleetroute::route::key::RouteKey;
 use fleetroute::state::load::RequestGuard;
 use fleetroute::state::peer::PeerUpdate;
 use fleetroute::state::{Decided, Event, Shared, Writer};
-use fleetroute::topology::{FleetId, ReplicaId};
+use fleetroute::topology::{AdapterId, FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 
 use super::sim::{Admitted, SimRouter, View};
@@ -183,7 +183,13 @@ impl Fleetroute {
     fn admit<'a>(&mut self, now: f64, req: &'a TraceRequest) -> Outcome<'a> {
         let rng = self.next_rng();
         let key = self.key(req);
-        let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
+        let (snap, decision) = decide_on(&self.shared, &key, rng).unwrap_or_else(|e| {
+            let snap = self.shared.snapshot_full();
+            panic!(
+                "a ready replica: {e:?} at {now}: {:?}",
+                snap.replicas[0].values().collect::<Vec<_>>()
+            )
+        });
         let t = self.at(now);
         let headers = HeaderMap::default();
         let admitted = request::admit(
@@ -294,12 +300,26 @@ pub struct Placement {
 }
 
 impl SimRouter for Fleetroute {
-    /// Only the adapters the engines report (`vllm:lora_requests_info`):
+    /// Only the adapters the engines report (`vllm:lora_requests_info`) and
+    /// a packed replica's models:
     /// the replays without adapters route on fleetroute's own counts.
     fn scrape(&mut self, _now: f64, engines: &[super::sim::EngineFigures]) {
         let snap = self.shared.snapshot_full();
         let fleet = &snap.topo.fleets[0];
         for (r, e) in engines.iter().enumerate() {
+            // A packed replica's model list, as the scrape reads it.
+            if let (Some(h), Some(rep)) = (&fleet.hold, fleet.replicas.get(ReplicaId(r)))
+                && h.is_models()
+            {
+                let ids = |v: &[String]| v.iter().map(|m| AdapterId::of(m)).collect::<Vec<_>>();
+                // Models its queued requests wait for: being loaded (the
+                // engine lists them `loading` once asked).
+                let waiting = e.lora.as_ref().map_or(&[][..], |l| &l.waiting[..]);
+                rep.load
+                    .adapters
+                    .engine_holds(&ids(&e.held), &ids(waiting), h.kept);
+                continue;
+            }
             if let (Some(l), Some(rep)) = (&e.lora, fleet.replicas.get(ReplicaId(r))) {
                 let report = fleetroute::engine::EngineReport {
                     lora: Some(l.clone()),
@@ -360,7 +380,13 @@ impl SimRouter for Fleetroute {
             let (id, ticket) = self.held.remove(pos);
             let rng = self.next_rng();
             let mut key = self.key(&reqs[id]);
-            let (snap, decision) = decide_on(&self.shared, &key, rng).expect("a ready replica");
+            let (snap, decision) = decide_on(&self.shared, &key, rng).unwrap_or_else(|e| {
+                let snap = self.shared.snapshot_full();
+                panic!(
+                    "a ready replica: {e:?} at {now}: {:?}",
+                    snap.replicas[0].values().collect::<Vec<_>>()
+                )
+            });
             let held_ms = t.saturating_duration_since(ticket.arrived()).as_secs_f64() * 1000.0;
             let released = request::release(
                 &self.shared,

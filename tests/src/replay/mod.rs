@@ -4,8 +4,10 @@
 pub mod adapter_workload;
 pub mod adapters;
 pub mod fleetroute;
+pub mod model_workload;
 pub mod multi;
 pub mod overload;
+pub mod packing;
 pub mod policies;
 pub mod prompt;
 pub mod sim;

@@ -93,6 +93,9 @@ pub struct EngineFigures {
     /// The adapters its requests use, as `vllm:lora_requests_info` says
     /// (replicas holding adapters only).
     pub lora: Option<fleetroute::engine::LoraState>,
+    /// What its GPU holds, most recently used first: a packed replica's
+    /// loaded models, as its model list (`GET /models`) says.
+    pub held: Vec<String>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -163,6 +166,8 @@ struct Ev {
 enum Kind {
     Arrive(usize),
     PrefillDone(usize, usize),
+    /// An overlapped load on a replica ended.
+    Loaded(usize),
     Finish(usize, usize),
     Tick,
     Scrape,
@@ -187,26 +192,48 @@ struct Replica {
     lane_busy: bool,
     running: usize,
     lora: Option<LoraSlots<String>>,
+    /// Overlapped loads in progress: model and when it is ready.
+    loading: HashMap<String, f64>,
 }
 
 impl Replica {
     /// The first queued request that can start now (one whose adapter can
     /// be put on the GPU, as vLLM's scheduler skips those that cannot),
-    /// taken from the queue, with its adapter load time.
-    fn next(&mut self, reqs: &[TraceRequest], a: &mut ReplicaAdapters) -> Option<(usize, f64)> {
+    /// taken from the queue, with its adapter load time. With overlapped
+    /// loads (packed models) a load starts beside the lane instead: its
+    /// requests stay queued until `now` passes its end, pushed to `wake`.
+    fn next(
+        &mut self,
+        reqs: &[TraceRequest],
+        a: &mut ReplicaAdapters,
+        now: f64,
+        wake: &mut Vec<f64>,
+    ) -> Option<(usize, f64)> {
         let Some(slots) = &mut self.lora else {
             return self.queue.pop_front().map(|i| (i, 0.0));
         };
+        let overlapped = slots.model.overlapped;
+        let loading = &mut self.loading;
+        loading.retain(|_, &mut until| until > now);
         let mut load_ms = 0.0;
         let at = self.queue.iter().position(|&i| match &reqs[i].adapter {
             None => true,
-            Some(ad) => match slots.acquire(ad, |x| a.running.contains_key(x)) {
-                Some((_, ms)) => {
-                    load_ms = ms;
-                    true
+            Some(ad) if loading.contains_key(ad) => false,
+            Some(ad) => {
+                let pinned = |x: &String| a.running.contains_key(x) || loading.contains_key(x);
+                match slots.acquire(ad, pinned) {
+                    Some((_, ms)) if overlapped && ms > 0.0 => {
+                        loading.insert(ad.clone(), now + ms);
+                        wake.push(now + ms);
+                        false
+                    }
+                    Some((_, ms)) => {
+                        load_ms = ms;
+                        true
+                    }
+                    None => false,
                 }
-                None => false,
-            },
+            }
         })?;
         let i = self.queue.remove(at).expect("present");
         if let Some(ad) = &reqs[i].adapter {
@@ -229,6 +256,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             lane_busy: false,
             running: 0,
             lora: cfg.lora.map(LoraSlots::new),
+            loading: HashMap::new(),
         })
         .collect();
     let mut adapters: Vec<ReplicaAdapters> = (0..n)
@@ -290,6 +318,10 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                         running: r.running as u32,
                         waiting: r.queue.len() as u32,
                         lora: r.lora.as_ref().map(|_| a.report()),
+                        held: r
+                            .lora
+                            .as_ref()
+                            .map_or_else(Vec::new, |l| l.gpu().cloned().collect()),
                     })
                     .collect();
                 router.scrape(now, &figures);
@@ -333,6 +365,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                 );
                 start_on.push(r);
             }
+            Kind::Loaded(r) => start_on.push(r),
             Kind::Finish(r, i) => {
                 reps[r].running -= 1;
                 if let Some(a) = &reqs[i].adapter {
@@ -375,11 +408,12 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             start_on.push(r);
         }
         // Start the next prefill when the lane and a batch slot are free.
-        for r in start_on {
+        let mut wake = Vec::new();
+        for &r in &start_on {
             let rep = &mut reps[r];
             if !rep.lane_busy
                 && rep.running < cfg.latency.max_batch
-                && let Some((i, load_ms)) = rep.next(reqs, &mut adapters[r])
+                && let Some((i, load_ms)) = rep.next(reqs, &mut adapters[r], now, &mut wake)
             {
                 let req = &reqs[i];
                 let matched = caches[r].serve(&req.blocks);
@@ -395,6 +429,9 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
                 let prefill = cfg.latency.prefill_ms(req.input_tokens - cached) + load_ms;
                 out.requests[i].prefill_ms = prefill;
                 push(&mut heap, now + prefill, Kind::PrefillDone(r, i));
+            }
+            for at in wake.drain(..) {
+                push(&mut heap, at, Kind::Loaded(r));
             }
         }
     }

@@ -14,8 +14,10 @@ struct Line {
     /// Mooncake trace has none, and its first block stands in for it.
     #[serde(default)]
     system_blocks: Option<usize>,
-    /// The LoRA adapter asked for (generated adapter workloads).
-    #[serde(default)]
+    /// What a replica must hold for it: the LoRA adapter asked for
+    /// (adapter workloads), or its model on a packed pool (`model`, model
+    /// workloads).
+    #[serde(default, alias = "model")]
     adapter: Option<String>,
 }
 
@@ -35,7 +37,8 @@ pub struct TraceRequest {
     /// The tenant that sent it (the overload replay assigns them; empty in
     /// the traces themselves).
     pub tenant: String,
-    /// The LoRA adapter it names in `model`; none: the base model.
+    /// The LoRA adapter it names in `model`, or its model on a packed pool;
+    /// none: the base model.
     pub adapter: Option<String>,
 }
 

@@ -179,8 +179,9 @@ pub fn choose(
     } else {
         (0, f64::NEG_INFINITY)
     };
+    let models = fleet.hold.as_ref().is_some_and(|h| h.is_models()) && key.adapter.is_some();
     for s in &mut scored {
-        s.overloaded |= s.queued > bound || s.inflight > inflight_bound;
+        s.overloaded |= past_bounds(s, bound, inflight_bound, models);
         let cached = if s.recent < under_share {
             s.cached.max(opening_cached)
         } else {
@@ -361,6 +362,19 @@ fn bound_shares(
             s.first_byte && !short && s.queued + cfg.share_wait_tokens < shortest_within;
         s.over_share &= !waits_less;
         s.overloaded |= s.over_share;
+    }
+}
+
+/// Past the load bounds: more prefill queued than `bound`, or more requests
+/// in flight than `inflight`. A packed replica's model load (`models`) takes
+/// seconds: it counts against the bound like queued work, and a replica
+/// holding the model is not moved off for its batch alone (a full one,
+/// `max_inflight`, still is).
+fn past_bounds(s: &Scored, bound: f64, inflight: f64, models: bool) -> bool {
+    if models {
+        s.queued + s.adapter > bound || (s.adapter > 0.0 && s.inflight > inflight)
+    } else {
+        s.queued > bound || s.inflight > inflight
     }
 }
 
