@@ -1,11 +1,14 @@
 //! Writes a generated trace (Mooncake format plus `system_blocks`) to stdout:
 //! `chat` (multi-turn conversations behind one long shared system prompt),
-//! `agent` (long shared tool prefixes, many short turns) or `adapters` (LoRA
-//! adapter requests of Zipf popularity, each line naming its `adapter`).
+//! `agent` (long shared tool prefixes, many short turns), `adapters` (LoRA
+//! adapter requests of Zipf popularity, each line naming its `adapter`) or
+//! `models` (requests for many models of Zipf demand swinging through a
+//! day, each line naming its `model`).
 //! Seeded: the same arguments give the same trace.
 
 use clap::{Parser, ValueEnum};
 use fleetroute_tests::replay::adapter_workload::{self, AdapterParams};
+use fleetroute_tests::replay::model_workload::{self, ModelParams};
 use fleetroute_tests::replay::workload::{Kind, Params, generate};
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -13,6 +16,7 @@ enum Workload {
     Chat,
     Agent,
     Adapters,
+    Models,
 }
 
 #[derive(Parser)]
@@ -29,18 +33,27 @@ struct Args {
     session_rate: Option<f64>,
     #[arg(long, default_value_t = 512)]
     block_tokens: u64,
-    /// `adapters`: requests per second.
+    /// `adapters`, `models`: requests per second (`models`: the day's mean).
     #[arg(long, default_value_t = 60.0)]
     rate: f64,
     /// `adapters`: how many adapters.
     #[arg(long, default_value_t = 300)]
     adapters: usize,
-    /// `adapters`: the Zipf exponent of their popularity.
+    /// `adapters`, `models`: the Zipf exponent of their popularity.
     #[arg(long, default_value_t = 1.1)]
     zipf: f64,
     /// `adapters`: popularity is dealt afresh this often (seconds).
     #[arg(long)]
     shift_every_s: Option<f64>,
+    /// `models`: how many models.
+    #[arg(long, default_value_t = 20)]
+    models: usize,
+    /// `models`: seconds of one (compressed) day.
+    #[arg(long, default_value_t = 3600.0)]
+    day_s: f64,
+    /// `models`: the rate swings ± this share of the mean through the day.
+    #[arg(long, default_value_t = 0.5)]
+    swing: f64,
 }
 
 fn main() {
@@ -48,6 +61,22 @@ fn main() {
     let kind = match a.workload {
         Workload::Chat => Kind::Chat,
         Workload::Agent => Kind::Agent,
+        Workload::Models => {
+            print!(
+                "{}",
+                model_workload::generate(&ModelParams {
+                    seed: a.seed,
+                    requests: a.requests.min(2_000_000),
+                    rate: a.rate,
+                    models: a.models.clamp(1, 1000),
+                    zipf: a.zipf,
+                    day_s: a.day_s,
+                    swing: a.swing,
+                    block_tokens: a.block_tokens,
+                })
+            );
+            return;
+        }
         Workload::Adapters => {
             print!(
                 "{}",
