@@ -6,7 +6,8 @@
 //! `x-fleetroute-cold-start`; every request goes to a replica that has its
 //! model loaded (the engine refuses any other with a 400); a model evicted
 //! for another is loaded again; one that fails to load is a clear 503
-//! with `retry-after`, never a hang.
+//! with `retry-after`, never a hang. Two instances sharing nothing load a
+//! new model on one replica (simulated router-mode replicas).
 #![cfg(feature = "e2e")] // needs Envoy, llama-server and the built binaries: scripts/test.sh
 
 use std::collections::BTreeSet;
@@ -206,4 +207,78 @@ fn a_cold_model_loads_on_one_replica_and_requests_only_go_where_theirs_is() {
         )
     };
     assert!(count("ok") >= 3.0 && count("failed") >= 2.0, "{metrics}");
+}
+
+/// Two instances behind one Envoy, sharing nothing, on simulated replicas
+/// that serve models as llama.cpp's router does: the first requests for a
+/// model reach both, and both send it to the model's own rendezvous home,
+/// so each model is loaded once in all (a second load on another replica
+/// would count; one on the same replica is refused as "already running").
+#[test]
+fn two_instances_load_a_new_model_on_the_same_replica() {
+    const ROUTER: &str = r#"
+health_check: { interval_ms: 300, timeout_ms: 300, healthy_threshold: 1, unhealthy_threshold: 3 }
+engine_metrics: { interval_ms: 200, timeout_ms: 200 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["{r1}", "{r2}", "{r3}", "{r4}"]
+    packing: { max_models: 4, load_ms: 300 }
+stages:
+  - { name: m1, fleets: [pool] }
+  - { name: m2, fleets: [pool] }
+  - { name: m3, fleets: [pool] }
+  - { name: m4, fleets: [pool] }
+"#;
+    let mut args: Vec<&'static str> = fleetroute_tests::harness::scenario::FAST_ENGINES.to_vec();
+    // Room for every model on every replica: neither instance sees a full
+    // one, so both follow each model's rendezvous order.
+    args.extend([
+        "--packed-models",
+        "m1,m2,m3,m4",
+        "--models-max",
+        "4",
+        "--model-load-ms",
+        "300",
+    ]);
+    let lab = Lab::start(
+        ENGINE,
+        LabSpec {
+            router: ROUTER,
+            engine_args: Vec::leak(args),
+            instances: Some(2),
+            ..Default::default()
+        },
+    );
+    for m in ["m1", "m2", "m3", "m4"] {
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let (u, body) = (
+                    url(&lab),
+                    chat_body_tokens(m, Some(&format!("{m}{i}")), "go", false, 2),
+                );
+                std::thread::spawn(move || post(&u, body, &[]))
+            })
+            .collect();
+        for h in handles {
+            let r = h.join().unwrap();
+            assert_eq!(r.status, 200, "{m}: {}", r.body);
+        }
+    }
+    let loads: f64 = lab
+        .replicas
+        .values()
+        .map(|addr| {
+            let (_, text) = client::blocking_get(&format!("http://{addr}/metrics")).unwrap();
+            client::metric_sum(&text, "fleetroute_sim_model_loads_total", &[])
+        })
+        .sum();
+    assert_eq!(loads, 4.0, "four models, each loaded once");
+    // Both instances took part.
+    for i in 0..2 {
+        let ok = lab
+            .instance_metric(i, "fleetroute_model_loads_total", &["result=\"ok\""])
+            .unwrap_or(0.0);
+        assert!(ok >= 1.0, "instance {i} waited for no load");
+    }
 }

@@ -7,6 +7,7 @@ use clap::Parser;
 use fleetroute_tests::engine::adapters::AdapterSettings;
 use fleetroute_tests::engine::latency::LatencyModel;
 use fleetroute_tests::engine::lora::LoraModel;
+use fleetroute_tests::engine::models::ModelSettings;
 use fleetroute_tests::engine::replica::ReplicaSettings;
 use fleetroute_tests::engine::{EngineConfig, run};
 
@@ -76,6 +77,16 @@ struct Args {
     /// VLLM_ALLOW_RUNTIME_LORA_UPDATING).
     #[arg(long)]
     runtime_lora: bool,
+    /// Serve these models as llama.cpp's router does (`/models`,
+    /// `/models/load`, `/models/unload`; no autoload), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    packed_models: Vec<String>,
+    /// Packed models loaded at once per replica (--models-max).
+    #[arg(long, default_value_t = 4)]
+    models_max: usize,
+    /// Time to load a packed model, ms.
+    #[arg(long, default_value_t = 1000)]
+    model_load_ms: u64,
 }
 
 fn parse_pair(s: &str) -> Result<(String, String), String> {
@@ -130,6 +141,16 @@ async fn main() -> ExitCode {
                 preloaded: a.lora.into_iter().filter(|m| !m.is_empty()).collect(),
                 runtime: a.runtime_lora,
             }),
+            packed: Some(ModelSettings {
+                models: a
+                    .packed_models
+                    .into_iter()
+                    .filter(|m| !m.is_empty())
+                    .collect(),
+                max: a.models_max.max(1),
+                load_ms: a.model_load_ms,
+            })
+            .filter(|m| !m.models.is_empty()),
         },
     };
     match run(cfg).await {

@@ -90,8 +90,18 @@ async fn complete(
         .as_ref()
         .filter(|a| a.knows(&params.model))
         .map(|_| params.model.clone());
+    // A packed replica serves a model only while it is loaded.
+    if let Some(m) = &rep.packed
+        && let Err(r) = m.serve(&params.model)
+    {
+        return super::models::refusal(r);
+    }
     let models = &rep.settings.models;
-    if adapter.is_none() && !models.is_empty() && !models.contains(&params.model) {
+    if adapter.is_none()
+        && rep.packed.is_none()
+        && !models.is_empty()
+        && !models.contains(&params.model)
+    {
         return ApiError::unknown_model(&params.model).into_response();
     }
     let prompt_tokens = params.canonical.len().div_ceil(BYTES_PER_TOKEN) as u64;

@@ -13,6 +13,7 @@ pub mod faults;
 pub mod latency;
 pub mod lora;
 pub mod metrics;
+pub mod models;
 pub mod openai;
 pub mod replica;
 mod server;

@@ -26,6 +26,8 @@ pub struct ReplicaSettings {
     pub api_key: Option<String>,
     /// LoRA adapters, as vLLM with `--enable-lora` serves them.
     pub adapters: Option<super::adapters::AdapterSettings>,
+    /// Several models loaded on demand, as llama.cpp's router serves them.
+    pub packed: Option<super::models::ModelSettings>,
 }
 
 pub struct Replica {
@@ -47,6 +49,8 @@ pub struct Replica {
     seen: Mutex<SeenAuth>,
     /// Its LoRA adapters (`settings.adapters`), its own.
     pub adapters: Option<Arc<super::adapters::Adapters>>,
+    /// Its models (`settings.packed`), its own.
+    pub packed: Option<Arc<super::models::Models>>,
 }
 
 /// Distinct `Authorization` values (at most [`MAX_SEEN`]) and requests without one.
@@ -130,6 +134,10 @@ impl Replica {
                 .adapters
                 .clone()
                 .map(|a| Arc::new(super::adapters::Adapters::new(a))),
+            packed: settings
+                .packed
+                .clone()
+                .map(|m| Arc::new(super::models::Models::new(m))),
             settings,
         })
     }

@@ -56,6 +56,14 @@ pub fn router(replica: Arc<Replica>) -> Router {
     } else {
         Router::new()
     };
+    let router = if replica.packed.is_some() {
+        router
+            .route("/models", get(packed_models))
+            .route("/models/load", post(load_model))
+            .route("/models/unload", post(unload_model))
+    } else {
+        router
+    };
     router
         .route("/v1/chat/completions", post(completions::chat))
         .route("/v1/completions", post(completions::completions))
@@ -100,6 +108,13 @@ async fn models(State(rep): State<Arc<Replica>>) -> Response {
         .iter()
         .map(|m| serde_json::json!({ "id": m, "object": "model", "owned_by": "fleetroute-engine" }))
         .collect();
+    if let Some(m) = &rep.packed {
+        data.extend(
+            m.settings.models.iter().map(
+                |id| serde_json::json!({ "id": id, "object": "model", "owned_by": "llamacpp" }),
+            ),
+        );
+    }
     // The adapters it knows, as vLLM lists them.
     if let Some(ads) = &rep.adapters {
         data.extend(ads.names().into_iter().map(|a| {
@@ -107,6 +122,45 @@ async fn models(State(rep): State<Arc<Replica>>) -> Response {
         }));
     }
     axum::Json(serde_json::json!({ "object": "list", "data": data })).into_response()
+}
+
+/// llama.cpp's router: its models with their status.
+async fn packed_models(State(rep): State<Arc<Replica>>) -> Response {
+    match &rep.packed {
+        Some(m) => axum::Json(m.list()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct ModelBody {
+    model: String,
+}
+
+async fn load_model(State(rep): State<Arc<Replica>>, body: axum::body::Bytes) -> Response {
+    model_call(&rep, &body, |m, name| m.load(name))
+}
+
+async fn unload_model(State(rep): State<Arc<Replica>>, body: axum::body::Bytes) -> Response {
+    model_call(&rep, &body, |m, name| m.unload(name))
+}
+
+/// `{ "model" }` to one of the router's calls; its answer as llama.cpp words it.
+fn model_call(
+    rep: &Replica,
+    body: &[u8],
+    call: impl Fn(&Arc<super::models::Models>, &str) -> Result<(), super::models::Refusal>,
+) -> Response {
+    let Some(m) = &rep.packed else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let Ok(b) = serde_json::from_slice::<ModelBody>(body) else {
+        return super::models::refusal((400, "model name is missing from the request"));
+    };
+    match call(m, &b.model) {
+        Ok(()) => axum::Json(serde_json::json!({ "success": true })).into_response(),
+        Err(r) => super::models::refusal(r),
+    }
 }
 
 /// `{ lora_name, lora_path }`, as vLLM takes it; the path is not read.
@@ -164,6 +218,12 @@ async fn unload_adapter(State(rep): State<Arc<Replica>>, body: axum::body::Bytes
 
 async fn prometheus(State(rep): State<Arc<Replica>>) -> Response {
     let mut text = metrics::render(&rep.snapshot());
+    if let Some(m) = &rep.packed {
+        text.push_str(&format!(
+            "# TYPE fleetroute_sim_model_loads_total counter\nfleetroute_sim_model_loads_total {}\n",
+            m.loads()
+        ));
+    }
     if let Some(ads) = &rep.adapters {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -25,6 +25,7 @@ fn settings(max_batch: usize, decode_ms: f64) -> ReplicaSettings {
         models: vec!["m".into()],
         api_key: None,
         adapters: None,
+        packed: None,
     }
 }
 
