@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod observe;
 pub mod peer_auth;
 pub mod peers;
+pub mod placement;
 pub mod redis_link;
 pub mod reference;
 pub mod reload;

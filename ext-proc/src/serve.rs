@@ -92,6 +92,7 @@ fn spawn_probes(shared: &Arc<Shared>) {
     tokio::spawn(probe::health::run_checks(shared.clone()));
     tokio::spawn(probe::warmup::run_warmups(shared.clone()));
     tokio::spawn(probe::scrape::run_scrapes(shared.clone()));
+    tokio::spawn(crate::placement::run(shared.clone()));
     tokio::spawn(probe::sources::run_sources(shared.clone()));
 }
 

@@ -128,6 +128,8 @@ pub struct Stage {
     /// Its model as a packed fleet's replicas hold it (some fleet of the
     /// stage loads models on demand): what a replica must have loaded.
     pub packed: Option<AdapterId>,
+    /// Replicas of each packed fleet kept holding its model (placement).
+    pub warm_replicas: u32,
     /// Sorted regions the stage may use.
     pub residency: Vec<String>,
     pub replicas: Option<Bounds>,

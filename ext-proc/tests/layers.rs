@@ -31,6 +31,7 @@ const FLOORS: &[(&str, u32)] = &[
     ("eds", 7),
     ("decision_trace", 6),
     ("peers", 6),
+    ("placement", 6),
     ("admission", 6),
     ("request", 7),
     ("stream", 8),

@@ -282,3 +282,111 @@ stages:
         assert!(ok >= 1.0, "instance {i} waited for no load");
     }
 }
+
+/// The models each simulated replica has loaded.
+fn loaded_on(lab: &Lab) -> Vec<Vec<String>> {
+    lab.replicas
+        .values()
+        .map(|addr| {
+            let (_, body) = client::blocking_get(&format!("http://{addr}/models")).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            v["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["status"]["value"] == "loaded")
+                .map(|m| m["id"].as_str().unwrap().to_string())
+                .collect()
+        })
+        .collect()
+}
+
+/// Placement ahead of demand: a model with a warm minimum is loaded before
+/// any request asks for it, so its first request has no cold start; the
+/// only model with requests is loaded on every replica (its share fills
+/// them all) before requests need it there.
+#[test]
+fn placement_loads_models_ahead_of_their_requests() {
+    const ROUTER: &str = r#"
+health_check: { interval_ms: 300, timeout_ms: 300, healthy_threshold: 1, unhealthy_threshold: 3 }
+engine_metrics: { interval_ms: 200, timeout_ms: 200 }
+fleets:
+  - name: pool
+    region: us
+    endpoints: ["{r1}", "{r2}", "{r3}"]
+    packing: { max_models: 2, load_ms: 300, placement: { interval_ms: 200, window_s: 2 } }
+stages:
+  - { name: hot, fleets: [pool] }
+  - { name: rare, fleets: [pool], warm_replicas: 1 }
+  - { name: other, fleets: [pool] }
+"#;
+    let mut args: Vec<&'static str> = fleetroute_tests::harness::scenario::FAST_ENGINES.to_vec();
+    args.extend([
+        "--packed-models",
+        "hot,rare,other",
+        "--models-max",
+        "2",
+        "--model-load-ms",
+        "300",
+    ]);
+    let lab = Lab::start(
+        ENGINE,
+        LabSpec {
+            router: ROUTER,
+            engine_args: Vec::leak(args),
+            ..Default::default()
+        },
+    );
+    // No request yet: the warm minimum is loaded on one replica.
+    wait_until(
+        "rare to be loaded ahead of demand",
+        Duration::from_secs(20),
+        || {
+            loaded_on(&lab)
+                .iter()
+                .filter(|m| m.contains(&"rare".to_string()))
+                .count()
+                == 1
+        },
+    );
+    let r = post(
+        &url(&lab),
+        chat_body_tokens("rare", Some("u"), "hi", false, 2),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        r.header("x-fleetroute-cold-start"),
+        None,
+        "rare was loaded ahead"
+    );
+    // Only hot is asked for: placement puts it on every replica.
+    let on_all = || {
+        loaded_on(&lab)
+            .iter()
+            .all(|m| m.contains(&"hot".to_string()))
+    };
+    for i in 0..200 {
+        let r = post(
+            &url(&lab),
+            chat_body_tokens("hot", Some(&format!("u{i}")), "go", false, 2),
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        if on_all() {
+            break;
+        }
+    }
+    wait_until("hot on every replica", Duration::from_secs(20), on_all);
+    // The warm minimum stays (rare's one request, while it was the only
+    // demand, may have spread it to more replicas).
+    let rare = loaded_on(&lab);
+    assert!(
+        rare.iter().any(|m| m.contains(&"rare".to_string())),
+        "{rare:?}"
+    );
+    let ok = lab
+        .instance_metric(0, "fleetroute_placement_loads_total", &["result=\"ok\""])
+        .unwrap_or(0.0);
+    assert!(ok >= 3.0, "placement loads: {ok}");
+}

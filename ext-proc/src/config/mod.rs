@@ -6,6 +6,7 @@ mod credentials;
 mod defaults;
 mod engine;
 mod envoy;
+mod experiment;
 mod grpc;
 mod identity;
 mod lora;
@@ -29,11 +30,12 @@ pub use engine::{
     Engine, EngineApi, EngineMetricsConfig, HealthCheckConfig, MetricMap, MetricSelector,
 };
 pub use envoy::*;
+pub use experiment::{AbTest, ExperimentConfig, Shadow, Variant};
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
 pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};
 pub use lora::{LoraConfig, MAX_ADAPTERS_PER_STAGE};
 pub use model::*;
-pub use packing::PackingConfig;
+pub use packing::{PackingConfig, PlacementConfig};
 pub use routing::*;
 pub use source::*;
 pub use stage_fleet::StageFleet;

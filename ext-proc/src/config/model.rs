@@ -1,7 +1,7 @@
 //! The router config file as its users write it: fleets and stages. Routing
 //! per policy is in `routing.rs`, every default in `defaults.rs`.
 
-use super::{EngineMetricsConfig, HealthCheckConfig};
+use super::{EngineMetricsConfig, ExperimentConfig, HealthCheckConfig};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -234,6 +234,11 @@ pub struct StageConfig {
     /// costs less than loading it elsewhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub adapters: Vec<String>,
+    /// Replicas of each packed fleet that keep this stage's model loaded
+    /// even when no request asks for it (the fleet's `packing.placement`
+    /// loads them): no cold start for a model with few requests.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warm_replicas: u32,
     /// Fleet names; `{ name, model }` for a fleet that serves the model
     /// under another name.
     pub fleets: Vec<super::StageFleet>,
@@ -269,47 +274,6 @@ impl StageConfig {
     pub fn has_fleet(&self, name: &str) -> bool {
         self.fleets.iter().any(|f| f.name == name)
     }
-}
-
-/// Experiments on a stage's traffic, chosen deterministically by sampling key.
-#[derive(Clone, Debug, Default, Deserialize, JsonSchema, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct ExperimentConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ab: Option<AbTest>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shadow: Option<Shadow>,
-}
-
-/// An A/B test: requests the policy sends to `control` are re-sampled among
-/// control and the variants by these percentages.
-#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct AbTest {
-    /// The fleet whose requests are re-sampled.
-    pub control: String,
-    /// Fleets that take a share of the control's requests.
-    pub variants: Vec<Variant>,
-}
-
-#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Variant {
-    /// A fleet of the stage.
-    pub fleet: String,
-    /// Share of the control's requests it takes, percent.
-    pub percent: f64,
-}
-
-/// Mirror `percent` of the stage's requests to `fleet`; the client's answer
-/// never depends on it.
-#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
-#[serde(deny_unknown_fields)]
-pub struct Shadow {
-    /// The fleet mirrored to (need not be one of the stage's).
-    pub fleet: String,
-    /// Share of the stage's requests mirrored, percent.
-    pub percent: f64,
 }
 
 /// How a replica is picked inside the chosen fleet: the prompt prefix it
@@ -444,4 +408,8 @@ impl OneOrMany {
             OneOrMany::Many(v) => v.clone(),
         }
     }
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -26,6 +26,36 @@ pub struct PackingConfig {
     /// Longest a request waits for its model to load; past it the client
     /// gets a 503 `model_unavailable` with `retry-after`. At most 30 s.
     pub load_timeout_ms: u64,
+    /// Loading models ahead of their requests: a model with a larger share
+    /// of the fleet's requests on more replicas, and each stage's
+    /// `warm_replicas` kept loaded. Unset: models load when a request needs
+    /// them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementConfig>,
+}
+
+/// How placement ahead of demand runs on a packed fleet.
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    /// How often demand is looked at and loads are started, ms.
+    pub interval_ms: u64,
+    /// Demand is each model's request rate averaged over about this long, s.
+    pub window_s: u64,
+    /// Loads placement starts on one replica per minute at most (requests'
+    /// own loads are not counted): bounds the churn of a workload that
+    /// moves back and forth.
+    pub max_loads_per_replica_per_min: u32,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            interval_ms: 1000,
+            window_s: 60,
+            max_loads_per_replica_per_min: 2,
+        }
+    }
 }
 
 impl Default for PackingConfig {
@@ -35,6 +65,7 @@ impl Default for PackingConfig {
             load_ms: 5_000.0,
             prefill_tokens_per_sec: 10_000.0,
             load_timeout_ms: 30_000,
+            placement: None,
         }
     }
 }

@@ -104,6 +104,8 @@ pub struct Routing {
     pub adapter_loads: super::Results<AdapterLoad>,
     /// Model loads on packed replicas (`packing`).
     pub model_loads: super::Results<AdapterLoad>,
+    /// Models loaded ahead of demand (`packing.placement`).
+    pub placement_loads: super::Results<AdapterLoad>,
 }
 
 super::labels::label_values! {
@@ -127,6 +129,7 @@ impl Routing {
             hit_rate: Family::default(),
             adapter_loads: super::Results::default(),
             model_loads: super::Results::default(),
+            placement_loads: super::Results::default(),
         };
         r.results(
             "adapter_loads",
@@ -137,6 +140,11 @@ impl Routing {
             "model_loads",
             "Requests that waited for their model to be loaded on their packed replica, by result",
             &m.model_loads,
+        );
+        r.results(
+            "placement_loads",
+            "Models loaded on packed replicas ahead of demand (packing.placement), by result",
+            &m.placement_loads,
         );
         r.add(
             "requests",

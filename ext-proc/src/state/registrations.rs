@@ -86,7 +86,7 @@ impl Registrations {
             HoldKind::Adapters { load_path } => {
                 Some(load_path.as_ref()?.replace("{adapter}", &name))
             }
-            HoldKind::Models => None,
+            HoldKind::Models { .. } => None,
         };
         let replica = fleet.replicas.get(replica)?;
         let key = (

@@ -26,8 +26,11 @@ pub struct Hold {
 pub enum HoldKind {
     /// LoRA adapters; registered at run time when `load_path` is set.
     Adapters { load_path: Option<String> },
-    /// Whole models, loaded through llama.cpp's router API.
-    Models,
+    /// Whole models, loaded through llama.cpp's router API; `placement`
+    /// loads them ahead of demand.
+    Models {
+        placement: Option<crate::config::PlacementConfig>,
+    },
 }
 
 impl Hold {
@@ -48,7 +51,9 @@ impl Hold {
 
     pub fn models(p: &PackingConfig) -> Hold {
         Hold {
-            kind: HoldKind::Models,
+            kind: HoldKind::Models {
+                placement: p.placement.clone(),
+            },
             ready: p.max_models,
             // An unloaded model is gone from memory: nothing kept beyond.
             kept: p.max_models,
@@ -66,6 +71,14 @@ impl Hold {
     }
 
     pub fn is_models(&self) -> bool {
-        self.kind == HoldKind::Models
+        matches!(self.kind, HoldKind::Models { .. })
+    }
+
+    /// Placement ahead of demand, on a packed fleet that has it.
+    pub fn placement(&self) -> Option<&crate::config::PlacementConfig> {
+        match &self.kind {
+            HoldKind::Models { placement } => placement.as_ref(),
+            HoldKind::Adapters { .. } => None,
+        }
     }
 }

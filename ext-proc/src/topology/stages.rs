@@ -71,6 +71,7 @@ pub(super) fn stage(
         served,
         adapters: Arc::new(StageAdapters::new(&s.adapters)),
         packed,
+        warm_replicas: s.warm_replicas,
         residency,
         replicas: s.replicas,
         policy,

@@ -41,6 +41,16 @@ fn packing(k: &crate::config::PackingConfig, p: &str, e: &mut Errors) {
         k.load_timeout_ms,
         1..=crate::config::MAX_WAIT_CAP_MS,
     );
+    if let Some(pl) = &k.placement {
+        let p = format!("{p}.placement");
+        e.in_range(format!("{p}.interval_ms"), pl.interval_ms, 100..=60_000);
+        e.in_range(format!("{p}.window_s"), pl.window_s, 1..=3600);
+        e.in_range(
+            format!("{p}.max_loads_per_replica_per_min"),
+            pl.max_loads_per_replica_per_min,
+            1..=60,
+        );
+    }
 }
 
 fn lora(l: &crate::config::LoraConfig, p: &str, e: &mut Errors) {

@@ -86,6 +86,21 @@ fn stage(mut sc: Scope<'_>, e: &mut Errors) {
             ),
         );
     }
+    if s.warm_replicas > 0 {
+        // Only placement loads models without a request.
+        let placed = s.fleet_names().any(|n| {
+            sc.cfg
+                .fleets
+                .iter()
+                .any(|f| &f.name == n && f.packing.as_ref().is_some_and(|k| k.placement.is_some()))
+        });
+        e.ensure(
+            placed,
+            format!("{p}.warm_replicas"),
+            "needs a fleet of the stage with `packing.placement`, which loads models ahead of requests",
+        );
+        e.in_range(format!("{p}.warm_replicas"), s.warm_replicas, 0..=1024);
+    }
     routing(&sc, e);
     replica_choice(&s.replica_choice, &format!("{p}.replica_choice"), e);
     alarms(&s.alarms, &format!("{p}.alarms"), e);

@@ -451,6 +451,28 @@ fn packed_fleets_are_checked_and_serve_models_by_their_stage_names() {
             "stages[1].fleets[0].model: fleet 'eu-pool' packs models: it serves this stage's model as 'tiny', not under another name",
         ]
     );
+    let warm = packed.replace(
+        "  - name: tiny\n    fleets: [eu-pool]\n",
+        "  - name: tiny\n    fleets: [eu-pool]\n    warm_replicas: 1\n",
+    );
+    assert_eq!(
+        errors(&warm),
+        [
+            "stages[1].warm_replicas: needs a fleet of the stage with `packing.placement`, which loads models ahead of requests"
+        ]
+    );
+    let placed = warm.replace(
+        "load_ms: 800 }",
+        "load_ms: 800, placement: { interval_ms: 10 } }",
+    );
+    assert_eq!(
+        errors(&placed),
+        ["fleets[2].packing.placement.interval_ms: 10 must be between 100 and 60000"]
+    );
+    assert_eq!(
+        errors(&placed.replace("interval_ms: 10", "interval_ms: 500")),
+        Vec::<String>::new()
+    );
     let both = packed.replace(
         "    packing: { max_models: 2, load_ms: 800 }\n",
         "    packing: { max_models: 2 }\n    lora: { max_loras: 2 }\n",

@@ -1,0 +1,201 @@
+//! Placement ahead of demand on packed fleets (`packing.placement`): each
+//! interval, every model's request rate on the fleet (from the routing
+//! counters, averaged over `window_s`) and each replica's models give a plan
+//! ([`plan::plan`]), and its loads start in the background through the same
+//! single-flight loads requests use (a request for the model meanwhile waits
+//! for that load rather than start another). At most
+//! `max_loads_per_replica_per_min` such loads per replica.
+
+pub mod plan;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::metrics::{AdapterLoad, StageFleetArm};
+use crate::state::{Shared, Snapshot};
+use crate::topology::{Fleet, FleetId, ReplicaId, StageId};
+use plan::{Demand, Holder, plan};
+
+/// Sleep when no fleet places models.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// A model's requests on a fleet: the counter last read and the average rate.
+#[derive(Default)]
+struct Rate {
+    count: u64,
+    per_sec: f64,
+}
+
+/// Placement loads per replica in the current minute.
+struct Minute {
+    start: Instant,
+    loads: u32,
+}
+
+#[derive(Default)]
+struct Placement {
+    /// (fleet, stage) names → its rate.
+    rates: HashMap<(String, String), Rate>,
+    /// Replica identity → its loads this minute.
+    minutes: HashMap<Arc<str>, Minute>,
+    last: Option<Instant>,
+}
+
+pub async fn run(shared: Arc<Shared>) {
+    let mut p = Placement::default();
+    loop {
+        let snap = shared.snapshot_full();
+        let interval = snap
+            .topo
+            .fleets
+            .iter()
+            .filter_map(|f| placement_of(f).map(|pl| pl.interval_ms))
+            .min();
+        let Some(interval) = interval else {
+            p = Placement::default();
+            tokio::time::sleep(IDLE).await;
+            continue;
+        };
+        p.round(&shared, &snap, crate::clock::now());
+        drop(snap);
+        tokio::time::sleep(Duration::from_millis(interval)).await;
+    }
+}
+
+fn placement_of(f: &Fleet) -> Option<&crate::config::PlacementConfig> {
+    f.hold.as_ref()?.placement()
+}
+
+impl Placement {
+    fn round(&mut self, shared: &Arc<Shared>, snap: &Snapshot, now: Instant) {
+        let dt = self
+            .last
+            .map_or(0.0, |l| now.duration_since(l).as_secs_f64());
+        self.last = Some(now);
+        self.minutes
+            .retain(|_, m| now.duration_since(m.start) < Duration::from_secs(60));
+        for (f, fleet) in snap.topo.fleets.iter().enumerate() {
+            let (Some(pl), Some(hold)) = (placement_of(fleet), &fleet.hold) else {
+                continue;
+            };
+            let f = FleetId(f);
+            let stages: Vec<(StageId, Demand)> = snap
+                .topo
+                .stages
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.fleets.contains(&f))
+                .filter_map(|(i, s)| {
+                    let id = s.packed?;
+                    let rate = self.rate(shared, &fleet.name, &s.name, dt, pl.window_s);
+                    Some((
+                        StageId(i),
+                        Demand {
+                            id,
+                            rate,
+                            warm: s.warm_replicas,
+                        },
+                    ))
+                })
+                .collect();
+            let ready: Vec<ReplicaId> = fleet
+                .replicas
+                .ids()
+                .filter(|&r| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
+                .collect();
+            let mut holders: Vec<Holder> = ready
+                .iter()
+                .map(|&r| {
+                    let rep = &fleet.replicas[r];
+                    let used = self.minutes.get(&rep.identity).map_or(0, |m| m.loads);
+                    Holder {
+                        held: rep
+                            .load
+                            .adapters
+                            .get()
+                            .map_or_else(Vec::new, |h| h.0.clone()),
+                        seed: rep.seed,
+                        loads_left: pl.max_loads_per_replica_per_min.saturating_sub(used),
+                    }
+                })
+                .collect();
+            let demand: Vec<Demand> = stages.iter().map(|s| s.1).collect();
+            for (h, id) in plan(&demand, &mut holders, hold.ready as usize) {
+                let Some(&(stage, _)) = stages.iter().find(|s| s.1.id == id) else {
+                    continue;
+                };
+                self.load(shared, snap, (stage, f, ready[h]), id, now);
+            }
+        }
+    }
+
+    /// The averaged request rate of `stage` on `fleet`, from the counter of
+    /// requests routed there.
+    fn rate(&mut self, shared: &Shared, fleet: &str, stage: &str, dt: f64, window_s: u64) -> f64 {
+        let count = shared
+            .metrics
+            .routing
+            .requests
+            .get_or_create(&StageFleetArm {
+                stage: stage.to_string(),
+                fleet: fleet.to_string(),
+                arm: "none".into(),
+            })
+            .get();
+        let r = self
+            .rates
+            .entry((fleet.to_string(), stage.to_string()))
+            .or_insert(Rate {
+                count,
+                per_sec: 0.0,
+            });
+        if dt > 0.0 {
+            let now = count.saturating_sub(r.count) as f64 / dt;
+            let a = (dt / window_s.max(1) as f64).min(1.0);
+            r.per_sec += a * (now - r.per_sec);
+        }
+        r.count = count;
+        r.per_sec
+    }
+
+    /// Starts one load in the background.
+    fn load(
+        &mut self,
+        shared: &Arc<Shared>,
+        snap: &Snapshot,
+        (stage, f, r): (StageId, FleetId, ReplicaId),
+        id: crate::topology::AdapterId,
+        now: Instant,
+    ) {
+        let fleet = &snap.topo.fleets[f];
+        let rep = &fleet.replicas[r];
+        let Some(pending) = shared
+            .registrations
+            .needed(&snap.topo, (stage, f, r), id, false)
+        else {
+            return;
+        };
+        let minute = self.minutes.entry(rep.identity.clone()).or_insert(Minute {
+            start: now,
+            loads: 0,
+        });
+        minute.loads += 1;
+        if let Some(h) = &fleet.hold {
+            // Held from now: requests for it go here and wait for this load.
+            rep.load.adapters.used(&[id], h.kept);
+        }
+        tracing::info!(fleet = %fleet.name, replica = %rep.addr, model = %pending.name, "placement: loading ahead of demand");
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let result = match shared.registrations.run(&pending).await {
+                Ok(_) => AdapterLoad::Ok,
+                Err(why) => {
+                    tracing::warn!(model = %pending.name, %why, "placement: load failed");
+                    AdapterLoad::Failed
+                }
+            };
+            shared.metrics.routing.placement_loads.inc(result);
+        });
+    }
+}
