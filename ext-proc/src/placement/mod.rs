@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::metrics::{AdapterLoad, StageFleetArm};
 use crate::state::{Shared, Snapshot};
-use crate::topology::{Fleet, FleetId, ReplicaId, StageId};
+use crate::topology::{AdapterId, Fleet, FleetId, ReplicaId, StageId};
 use plan::{Demand, Holder, plan};
 
 /// Sleep when no fleet places models.
@@ -33,8 +33,10 @@ struct Minute {
     loads: u32,
 }
 
+/// Placement's memory between rounds: each model's rate, each replica's
+/// loads this minute.
 #[derive(Default)]
-struct Placement {
+pub struct Placement {
     /// (fleet, stage) names → its rate.
     rates: HashMap<(String, String), Rate>,
     /// Replica identity → its loads this minute.
@@ -57,7 +59,9 @@ pub async fn run(shared: Arc<Shared>) {
             tokio::time::sleep(IDLE).await;
             continue;
         };
-        p.round(&shared, &snap, crate::clock::now());
+        for load in p.round(&shared, &snap, crate::clock::now()) {
+            start(&shared, &snap, load);
+        }
         drop(snap);
         tokio::time::sleep(Duration::from_millis(interval)).await;
     }
@@ -67,14 +71,26 @@ fn placement_of(f: &Fleet) -> Option<&crate::config::PlacementConfig> {
     f.hold.as_ref()?.placement()
 }
 
+/// A load placement decided: the model of `stage` onto `replica` of `fleet`.
+#[derive(Clone, Copy, Debug)]
+pub struct Planned {
+    pub stage: StageId,
+    pub fleet: FleetId,
+    pub replica: ReplicaId,
+    pub id: AdapterId,
+}
+
 impl Placement {
-    fn round(&mut self, shared: &Arc<Shared>, snap: &Snapshot, now: Instant) {
+    /// One round over every fleet with placement: the loads to start now
+    /// (counted against their replicas' minute).
+    pub fn round(&mut self, shared: &Shared, snap: &Snapshot, now: Instant) -> Vec<Planned> {
         let dt = self
             .last
             .map_or(0.0, |l| now.duration_since(l).as_secs_f64());
         self.last = Some(now);
         self.minutes
             .retain(|_, m| now.duration_since(m.start) < Duration::from_secs(60));
+        let mut out = Vec::new();
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
             let (Some(pl), Some(hold)) = (placement_of(fleet), &fleet.hold) else {
                 continue;
@@ -125,9 +141,23 @@ impl Placement {
                 let Some(&(stage, _)) = stages.iter().find(|s| s.1.id == id) else {
                     continue;
                 };
-                self.load(shared, snap, (stage, f, ready[h]), id, now);
+                let identity = fleet.replicas[ready[h]].identity.clone();
+                self.minutes
+                    .entry(identity)
+                    .or_insert(Minute {
+                        start: now,
+                        loads: 0,
+                    })
+                    .loads += 1;
+                out.push(Planned {
+                    stage,
+                    fleet: f,
+                    replica: ready[h],
+                    id,
+                });
             }
         }
+        out
     }
 
     /// The averaged request rate of `stage` on `fleet`, from the counter of
@@ -158,44 +188,31 @@ impl Placement {
         r.count = count;
         r.per_sec
     }
+}
 
-    /// Starts one load in the background.
-    fn load(
-        &mut self,
-        shared: &Arc<Shared>,
-        snap: &Snapshot,
-        (stage, f, r): (StageId, FleetId, ReplicaId),
-        id: crate::topology::AdapterId,
-        now: Instant,
-    ) {
-        let fleet = &snap.topo.fleets[f];
-        let rep = &fleet.replicas[r];
-        let Some(pending) = shared
-            .registrations
-            .needed(&snap.topo, (stage, f, r), id, false)
-        else {
-            return;
-        };
-        let minute = self.minutes.entry(rep.identity.clone()).or_insert(Minute {
-            start: now,
-            loads: 0,
-        });
-        minute.loads += 1;
-        if let Some(h) = &fleet.hold {
-            // Held from now: requests for it go here and wait for this load.
-            rep.load.adapters.used(&[id], h.kept);
-        }
-        tracing::info!(fleet = %fleet.name, replica = %rep.addr, model = %pending.name, "placement: loading ahead of demand");
-        let shared = shared.clone();
-        tokio::spawn(async move {
-            let result = match shared.registrations.run(&pending).await {
-                Ok(_) => AdapterLoad::Ok,
-                Err(why) => {
-                    tracing::warn!(model = %pending.name, %why, "placement: load failed");
-                    AdapterLoad::Failed
-                }
-            };
-            shared.metrics.routing.placement_loads.inc(result);
-        });
+/// Starts one planned load in the background: the single-flight load first,
+/// then the model is marked held, so a request decided from then on goes
+/// there and waits for this load.
+fn start(shared: &Arc<Shared>, snap: &Snapshot, p: Planned) {
+    let fleet = &snap.topo.fleets[p.fleet];
+    let rep = &fleet.replicas[p.replica];
+    let at = (p.stage, p.fleet, p.replica);
+    let Some(pending) = shared.registrations.needed(&snap.topo, at, p.id, false) else {
+        return;
+    };
+    if let Some(h) = &fleet.hold {
+        rep.load.adapters.used(&[p.id], h.kept);
     }
+    tracing::info!(fleet = %fleet.name, replica = %rep.addr, model = %pending.name, "placement: loading ahead of demand");
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        let result = match shared.registrations.run(&pending).await {
+            Ok(_) => AdapterLoad::Ok,
+            Err(why) => {
+                tracing::warn!(model = %pending.name, %why, "placement: load failed");
+                AdapterLoad::Failed
+            }
+        };
+        shared.metrics.routing.placement_loads.inc(result);
+    });
 }

@@ -110,7 +110,15 @@ fn main() {
     );
     if let Some(from) = a.sweep_from {
         let sizes: Vec<_> = (from.max(1)..rows[1].replicas)
-            .map(|n| fleetroute_tests::replay::packing::shared(&cfg, &packing, &reqs, n, true))
+            .map(|n| {
+                fleetroute_tests::replay::packing::shared(
+                    &cfg,
+                    &packing,
+                    &reqs,
+                    n,
+                    fleetroute_tests::replay::packing::Router::Fleetroute,
+                )
+            })
             .collect();
         println!("\n{}", table(&sizes, a.slo_ms));
     }

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use fleetroute::admission::{Admission, Ticket};
-use fleetroute::config::{RouterConfig, ValidConfig};
+use fleetroute::config::ValidConfig;
 use fleetroute::observe::Observation;
 use fleetroute::observe::usage::{PromptDetails, Usage};
 use fleetroute::request::place::{Placed, decide_on};
@@ -24,6 +24,7 @@ use fleetroute::state::{Decided, Event, Shared, Writer};
 use fleetroute::topology::{AdapterId, FleetId, ReplicaId};
 use fleetroute_filter::contract::KeySource;
 
+pub use super::fleetroute_config::{config, config_with};
 use super::sim::{Admitted, SimRouter, View};
 use super::trace::TraceRequest;
 
@@ -39,51 +40,15 @@ pub struct Fleetroute {
     admission: Admission,
     /// Requests it holds, by trace index, in arrival order.
     held: Vec<(usize, Ticket)>,
+    /// Placement ahead of demand (packed fleets with `packing.placement`).
+    placement: fleetroute::placement::Placement,
+    next_placement_ms: f64,
 }
 
 struct Live {
     placed: Placement,
     routed_at: f64,
     req: TraceRequest,
-}
-
-/// The router config the replay uses: one fleet of `replicas`; the stage's
-/// `replica_choice` and `outlier` blocks given as YAML (empty for defaults).
-pub fn config(
-    replicas: usize,
-    cache_tokens: u64,
-    max_batch: usize,
-    replica_choice: &str,
-    outlier: &str,
-) -> ValidConfig {
-    let mut rc = String::new();
-    if !replica_choice.is_empty() {
-        rc += &format!("    replica_choice: {replica_choice}\n");
-    }
-    if !outlier.is_empty() {
-        rc += &format!("    outlier: {outlier}\n");
-    }
-    config_with(replicas, cache_tokens, max_batch, &rc, "")
-}
-
-/// The same fleet and stage, with `stage` lines added to the stage (each
-/// indented by four spaces) and `top` sections before `fleets:`.
-pub fn config_with(
-    replicas: usize,
-    cache_tokens: u64,
-    max_batch: usize,
-    stage: &str,
-    top: &str,
-) -> ValidConfig {
-    let eps: Vec<String> = (0..replicas)
-        .map(|r| format!("\"10.0.0.{}:8000\"", r + 1))
-        .collect();
-    let yaml = format!(
-        "{top}fleets:\n  - name: pool\n    region: r\n    endpoints: [{}]\n    capacity: {{ max_inflight: {max_batch}, kv_cache_tokens: {cache_tokens} }}\n\
-         stages:\n  - name: trace\n    models: [trace]\n    fleets: [pool]\n{stage}",
-        eps.join(", ")
-    );
-    RouterConfig::parse_valid(&yaml).unwrap_or_else(|e| panic!("replay config: {e}"))
 }
 
 impl Fleetroute {
@@ -113,6 +78,8 @@ impl Fleetroute {
             label: label.to_string(),
             admission: Admission::new(start),
             held: Vec::new(),
+            placement: Default::default(),
+            next_placement_ms: 0.0,
         }
     }
 
@@ -438,5 +405,33 @@ impl SimRouter for Fleetroute {
     fn tick(&mut self, now: f64) {
         let t = self.at(now);
         self.writer.tick(t);
+    }
+
+    /// The placement round when its interval is up: each load marked held
+    /// (as the running loop does), and handed to the simulated replica.
+    fn placements(&mut self, now: f64) -> Vec<(usize, String)> {
+        let snap = self.shared.snapshot_full();
+        let fleet = &snap.topo.fleets[0];
+        let Some(every) = fleet
+            .hold
+            .as_ref()
+            .and_then(|h| h.placement())
+            .map(|p| p.interval_ms)
+        else {
+            return Vec::new();
+        };
+        if now < self.next_placement_ms {
+            return Vec::new();
+        }
+        self.next_placement_ms = now + every as f64;
+        let planned = self.placement.round(&self.shared, &snap, self.at(now));
+        planned
+            .into_iter()
+            .map(|p| {
+                let kept = fleet.hold.as_ref().map_or(1, |h| h.kept);
+                fleet.replicas[p.replica].load.adapters.used(&[p.id], kept);
+                (p.replica.0, snap.topo.stages[p.stage].model.clone())
+            })
+            .collect()
     }
 }

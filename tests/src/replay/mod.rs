@@ -4,6 +4,7 @@
 pub mod adapter_workload;
 pub mod adapters;
 pub mod fleetroute;
+mod fleetroute_config;
 pub mod model_workload;
 pub mod multi;
 pub mod overload;
@@ -11,6 +12,7 @@ pub mod packing;
 pub mod policies;
 pub mod prompt;
 pub mod sim;
+mod sim_replica;
 pub mod trace;
 pub mod workload;
 

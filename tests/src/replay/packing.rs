@@ -34,8 +34,10 @@ pub struct PackingRow {
     /// The worst model's TTFT p90, and which.
     pub worst_p90: f64,
     pub worst_model: String,
-    /// Model loads per hour of the trace (cold starts), over all replicas.
+    /// Model loads per hour of the trace, over all replicas.
     pub loads_per_hour: f64,
+    /// Requests per hour that waited for their model to load (cold starts).
+    pub cold_per_hour: f64,
     /// Requests never served (a replica's queue full): over any SLO.
     pub rejected: u64,
 }
@@ -53,17 +55,28 @@ fn endpoints(n: usize) -> String {
         .join(", ")
 }
 
+/// How the shared pool is routed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Router {
+    Fleetroute,
+    /// fleetroute with `packing.placement` (defaults).
+    FleetroutePlaced,
+    /// The least-loaded replica, whatever it holds.
+    LeastLoaded,
+}
+
 /// fleetroute's config for the shared pool: one packed fleet, a stage per model.
-pub fn shared_config(cfg: &SimConfig, p: &Packing, models: &[String]) -> ValidConfig {
+pub fn shared_config(cfg: &SimConfig, p: &Packing, models: &[String], placed: bool) -> ValidConfig {
     let mut yaml = format!(
         "fleets:\n  - name: pool\n    region: r\n    endpoints: [{}]\n    capacity: {{ max_inflight: {}, kv_cache_tokens: {} }}\n    \
-         packing: {{ max_models: {}, load_ms: {}, prefill_tokens_per_sec: {} }}\nstages:\n",
+         packing: {{ max_models: {}, load_ms: {}, prefill_tokens_per_sec: {}{} }}\nstages:\n",
         endpoints(cfg.replicas),
         cfg.latency.max_batch,
         cfg.cache_tokens,
         p.max_models,
         p.load_ms,
         cfg.latency.prefill_tokens_per_sec,
+        if placed { ", placement: {}" } else { "" },
     );
     for m in models {
         yaml.push_str(&format!("  - {{ name: {m}, fleets: [pool] }}\n"));
@@ -119,14 +132,13 @@ fn models(reqs: &[TraceRequest]) -> Vec<String> {
     names
 }
 
-/// The shared pool of `replicas` through `router` (fleetroute, or a
-/// load-only router that ignores what replicas hold).
+/// The shared pool of `replicas` through `router`.
 pub fn shared(
     cfg: &SimConfig,
     p: &Packing,
     reqs: &[TraceRequest],
     replicas: usize,
-    fleetroute: bool,
+    router: Router,
 ) -> PackingRow {
     let cfg = SimConfig {
         replicas,
@@ -139,15 +151,19 @@ pub fn shared(
         }),
         ..*cfg
     };
-    let mut router: Box<dyn SimRouter> = if fleetroute {
-        Box::new(Fleetroute::new(
-            &shared_config(&cfg, p, &models(reqs)),
+    let label = match router {
+        Router::Fleetroute => "fleetroute",
+        Router::FleetroutePlaced => "fleetroute with placement",
+        Router::LeastLoaded => "least loaded",
+    };
+    let mut router: Box<dyn SimRouter> = match router {
+        Router::LeastLoaded => Box::new(LeastLoaded),
+        r => Box::new(Fleetroute::new(
+            &shared_config(&cfg, p, &models(reqs), r == Router::FleetroutePlaced),
             reqs.len(),
             cfg.block_tokens,
-            "fleetroute",
-        ))
-    } else {
-        Box::new(LeastLoaded)
+            label,
+        )),
     };
     let o = sim::run(&cfg, reqs, router.as_mut());
     let by = p90_by_model(reqs, &o);
@@ -164,19 +180,13 @@ pub fn shared(
         })
         .collect();
     PackingRow {
-        setup: format!(
-            "shared pool, {}",
-            if fleetroute {
-                "fleetroute"
-            } else {
-                "least loaded"
-            }
-        ),
+        setup: format!("shared pool, {label}"),
         replicas,
         ttft_p90: p90(&mut all),
         worst_p90,
         worst_model,
         loads_per_hour: (o.host_loads + o.disk_loads) as f64 / hours(reqs, &cfg),
+        cold_per_hour: o.cold_requests as f64 / hours(reqs, &cfg),
         rejected: o.rejected,
     }
 }
@@ -196,10 +206,10 @@ pub fn smallest_shared(
     max: usize,
 ) -> PackingRow {
     let (mut lo, mut hi) = (1, max.max(1));
-    let mut best = shared(cfg, p, reqs, hi, true);
+    let mut best = shared(cfg, p, reqs, hi, Router::Fleetroute);
     while lo < hi {
         let mid = (lo + hi) / 2;
-        let row = shared(cfg, p, reqs, mid, true);
+        let row = shared(cfg, p, reqs, mid, Router::Fleetroute);
         if row.meets(p.slo_ms) {
             hi = mid;
             best = row;
@@ -266,13 +276,14 @@ pub fn dedicated(
         worst_p90,
         worst_model,
         loads_per_hour: 0.0,
+        cold_per_hour: 0.0,
         rejected,
     };
     (row, sizes)
 }
 
-/// Dedicated, the smallest shared pool through fleetroute, and a load-only
-/// router on a pool of that size.
+/// Dedicated, the smallest shared pool through fleetroute, then fleetroute
+/// with placement and a load-only router on a pool of that size.
 pub fn compare(
     cfg: &SimConfig,
     p: &Packing,
@@ -281,17 +292,18 @@ pub fn compare(
 ) -> (Vec<PackingRow>, Vec<usize>) {
     let (ded, sizes) = dedicated(cfg, p, reqs, max);
     let fr = smallest_shared(cfg, p, reqs, ded.replicas);
-    let ll = shared(cfg, p, reqs, fr.replicas, false);
-    (vec![ded, fr, ll], sizes)
+    let placed = shared(cfg, p, reqs, fr.replicas, Router::FleetroutePlaced);
+    let ll = shared(cfg, p, reqs, fr.replicas, Router::LeastLoaded);
+    (vec![ded, fr, placed, ll], sizes)
 }
 
 pub fn table(rows: &[PackingRow], slo_ms: f64) -> String {
     let mut s = String::from(
-        "| setup | replicas | TTFT p90 ms | worst model's p90 ms | meets SLO | model loads/hour | rejected |\n|---|---:|---:|---:|---|---:|---:|\n",
+        "| setup | replicas | TTFT p90 ms | worst model's p90 ms | meets SLO | model loads/hour | requests waiting for a load /hour | rejected |\n|---|---:|---:|---:|---|---:|---:|---:|\n",
     );
     for r in rows {
         s.push_str(&format!(
-            "| {} | {} | {:.0} | {:.0} ({}) | {} | {:.0} | {} |\n",
+            "| {} | {} | {:.0} | {:.0} ({}) | {} | {:.0} | {:.0} | {} |\n",
             r.setup,
             r.replicas,
             r.ttft_p90,
@@ -299,6 +311,7 @@ pub fn table(rows: &[PackingRow], slo_ms: f64) -> String {
             r.worst_model,
             if r.meets(slo_ms) { "yes" } else { "no" },
             r.loads_per_hour,
+            r.cold_per_hour,
             r.rejected
         ));
     }
@@ -347,7 +360,7 @@ mod tests {
         };
         let (rows, sizes) = compare(&cfg, &packing, &reqs, 16);
         let t = table(&rows, packing.slo_ms);
-        let (ded, fr, ll) = (&rows[0], &rows[1], &rows[2]);
+        let (ded, fr, ll) = (&rows[0], &rows[1], &rows[3]);
         assert_eq!(sizes.len(), 8, "{t}");
         assert!(ded.meets(1000.0) && fr.meets(1000.0), "{t}");
         assert!(fr.replicas * 2 <= ded.replicas, "{t}");

@@ -3,8 +3,10 @@
 //! prefill lane (FIFO), then decode at a fixed rate per token.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::BinaryHeap;
 
+use super::sim_replica::Replica;
+pub use super::sim_replica::ReplicaAdapters;
 use super::trace::TraceRequest;
 use crate::engine::adapters::bump;
 use crate::engine::cache::PrefixCache;
@@ -19,30 +21,6 @@ pub struct View<'a> {
     /// Per replica, the adapters of its running and waiting requests (as
     /// vLLM's `vllm:lora_requests_info` reports them); empty without LoRA.
     pub adapters: &'a [ReplicaAdapters],
-}
-
-/// The adapters one replica's requests use, with their request counts.
-#[derive(Clone, Debug, Default)]
-pub struct ReplicaAdapters {
-    pub running: HashMap<String, u32>,
-    pub waiting: HashMap<String, u32>,
-    pub max_loras: usize,
-}
-
-impl ReplicaAdapters {
-    /// As vLLM's metric names them.
-    pub fn report(&self) -> fleetroute::engine::LoraState {
-        let names = |m: &HashMap<String, u32>| {
-            let mut v: Vec<String> = m.keys().cloned().collect();
-            v.sort();
-            v
-        };
-        fleetroute::engine::LoraState {
-            max: Some(self.max_loras as u32),
-            running: names(&self.running),
-            waiting: names(&self.waiting),
-        }
-    }
 }
 
 /// What a router with admission makes of an arriving request.
@@ -80,6 +58,11 @@ pub trait SimRouter {
     fn finished(&mut self, _now_ms: f64, _id: usize, _cached_tokens: u64, _ttft_ms: f64) {}
     /// Called every 250 ms of simulated time.
     fn tick(&mut self, _now_ms: f64) {}
+    /// Loads the router starts ahead of demand (placement), after a tick:
+    /// (replica, model).
+    fn placements(&mut self, _now_ms: f64) -> Vec<(usize, String)> {
+        Vec::new()
+    }
     /// The engines' own figures, as a metrics scrape reads them (every
     /// `SimConfig::scrape_ms`, when set).
     fn scrape(&mut self, _now_ms: f64, _engines: &[EngineFigures]) {}
@@ -153,6 +136,8 @@ pub struct Outcome {
     /// Adapter loads onto a GPU: from host memory, and from disk.
     pub host_loads: u64,
     pub disk_loads: u64,
+    /// Requests that waited for their adapter or model to load.
+    pub cold_requests: u64,
 }
 
 #[derive(PartialEq)]
@@ -187,77 +172,13 @@ impl Ord for Ev {
     }
 }
 
-struct Replica {
-    queue: VecDeque<usize>,
-    lane_busy: bool,
-    running: usize,
-    lora: Option<LoraSlots<String>>,
-    /// Overlapped loads in progress: model and when it is ready.
-    loading: HashMap<String, f64>,
-}
-
-impl Replica {
-    /// The first queued request that can start now (one whose adapter can
-    /// be put on the GPU, as vLLM's scheduler skips those that cannot),
-    /// taken from the queue, with its adapter load time. With overlapped
-    /// loads (packed models) a load starts beside the lane instead: its
-    /// requests stay queued until `now` passes its end, pushed to `wake`.
-    fn next(
-        &mut self,
-        reqs: &[TraceRequest],
-        a: &mut ReplicaAdapters,
-        now: f64,
-        wake: &mut Vec<f64>,
-    ) -> Option<(usize, f64)> {
-        let Some(slots) = &mut self.lora else {
-            return self.queue.pop_front().map(|i| (i, 0.0));
-        };
-        let overlapped = slots.model.overlapped;
-        let loading = &mut self.loading;
-        loading.retain(|_, &mut until| until > now);
-        let mut load_ms = 0.0;
-        let at = self.queue.iter().position(|&i| match &reqs[i].adapter {
-            None => true,
-            Some(ad) if loading.contains_key(ad) => false,
-            Some(ad) => {
-                let pinned = |x: &String| a.running.contains_key(x) || loading.contains_key(x);
-                match slots.acquire(ad, pinned) {
-                    Some((_, ms)) if overlapped && ms > 0.0 => {
-                        loading.insert(ad.clone(), now + ms);
-                        wake.push(now + ms);
-                        false
-                    }
-                    Some((_, ms)) => {
-                        load_ms = ms;
-                        true
-                    }
-                    None => false,
-                }
-            }
-        })?;
-        let i = self.queue.remove(at).expect("present");
-        if let Some(ad) = &reqs[i].adapter {
-            bump(&mut a.waiting, ad, false);
-            bump(&mut a.running, ad, true);
-        }
-        let ms = load_ms;
-        Some((i, ms))
-    }
-}
-
 pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -> Outcome {
     let n = cfg.replicas;
     let mut caches: Vec<PrefixCache> = (0..n)
         .map(|_| PrefixCache::new(cfg.cache_tokens as usize, cfg.block_tokens as usize))
         .collect();
     let mut reps: Vec<Replica> = (0..n)
-        .map(|_| Replica {
-            queue: VecDeque::new(),
-            lane_busy: false,
-            running: 0,
-            lora: cfg.lora.map(LoraSlots::new),
-            loading: HashMap::new(),
-        })
+        .map(|_| Replica::new(cfg.lora.map(LoraSlots::new)))
         .collect();
     let mut adapters: Vec<ReplicaAdapters> = (0..n)
         .map(|_| ReplicaAdapters {
@@ -306,6 +227,15 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
         match ev.kind {
             Kind::Tick => {
                 router.tick(now);
+                for (r, model) in router.placements(now) {
+                    let mut wake = Vec::new();
+                    if let Some(rep) = reps.get_mut(r) {
+                        rep.place(&model, &adapters[r], now, &mut wake);
+                    }
+                    for at in wake {
+                        push(&mut heap, at, Kind::Loaded(r));
+                    }
+                }
                 if remaining > 0 {
                     push(&mut heap, now + 250.0, Kind::Tick);
                 }
@@ -440,6 +370,7 @@ pub fn run(cfg: &SimConfig, reqs: &[TraceRequest], router: &mut dyn SimRouter) -
             out.host_loads += l.host_loads;
             out.disk_loads += l.disk_loads;
         }
+        out.cold_requests += r.cold.len() as u64;
     }
     out
 }
