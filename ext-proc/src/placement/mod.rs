@@ -25,6 +25,8 @@ const IDLE: Duration = Duration::from_secs(1);
 struct Rate {
     count: u64,
     per_sec: f64,
+    /// Read this round: a stage or fleet gone by a reload is dropped.
+    seen: bool,
 }
 
 /// Placement loads per replica in the current minute.
@@ -91,6 +93,9 @@ impl Placement {
         self.minutes
             .retain(|_, m| now.duration_since(m.start) < Duration::from_secs(60));
         let mut out = Vec::new();
+        for r in self.rates.values_mut() {
+            r.seen = false;
+        }
         for (f, fleet) in snap.topo.fleets.iter().enumerate() {
             let (Some(pl), Some(hold)) = (placement_of(fleet), &fleet.hold) else {
                 continue;
@@ -104,7 +109,7 @@ impl Placement {
                 .filter(|(_, s)| s.fleets.contains(&f))
                 .filter_map(|(i, s)| {
                     let id = s.packed?;
-                    let rate = self.rate(shared, &fleet.name, &s.name, dt, pl.window_s);
+                    let rate = self.rate(shared, &fleet.name, s, dt, pl.window_s);
                     Some((
                         StageId(i),
                         Demand {
@@ -157,28 +162,43 @@ impl Placement {
                 });
             }
         }
+        self.rates.retain(|_, r| r.seen);
         out
     }
 
-    /// The averaged request rate of `stage` on `fleet`, from the counter of
-    /// requests routed there.
-    fn rate(&mut self, shared: &Shared, fleet: &str, stage: &str, dt: f64, window_s: u64) -> f64 {
-        let count = shared
-            .metrics
-            .routing
-            .requests
-            .get_or_create(&StageFleetArm {
-                stage: stage.to_string(),
-                fleet: fleet.to_string(),
-                arm: "none".into(),
+    /// The averaged request rate of `stage` on `fleet`, from the counters of
+    /// requests routed there (every arm of an A/B test).
+    fn rate(
+        &mut self,
+        shared: &Shared,
+        fleet: &str,
+        stage: &crate::topology::Stage,
+        dt: f64,
+        window_s: u64,
+    ) -> f64 {
+        let arms: &[&str] = if stage.experiment.ab.is_some() {
+            &["none", "control", "variant"]
+        } else {
+            &["none"]
+        };
+        let count: u64 = arms
+            .iter()
+            .map(|arm| {
+                let labels = StageFleetArm {
+                    stage: stage.name.clone(),
+                    fleet: fleet.to_string(),
+                    arm: arm.to_string(),
+                };
+                shared.metrics.routing.requests.get_or_create(&labels).get()
             })
-            .get();
+            .sum();
         let r = self
             .rates
-            .entry((fleet.to_string(), stage.to_string()))
+            .entry((fleet.to_string(), stage.name.clone()))
             .or_insert(Rate {
                 count,
                 per_sec: 0.0,
+                seen: true,
             });
         if dt > 0.0 {
             let now = count.saturating_sub(r.count) as f64 / dt;
@@ -186,6 +206,7 @@ impl Placement {
             r.per_sec += a * (now - r.per_sec);
         }
         r.count = count;
+        r.seen = true;
         r.per_sec
     }
 }
