@@ -389,4 +389,11 @@ stages:
         .instance_metric(0, "fleetroute_placement_loads_total", &["result=\"ok\""])
         .unwrap_or(0.0);
     assert!(ok >= 3.0, "placement loads: {ok}");
+    // Each placement load is a line of the decision log.
+    let (_, log) =
+        client::blocking_get(&format!("{}/debug/decisions?limit=1000", lab.admin)).unwrap();
+    assert!(
+        log.contains(r#""pick":"placement""#) && log.contains(r#""adapter":"rare""#),
+        "{log}"
+    );
 }

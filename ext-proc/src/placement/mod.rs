@@ -13,12 +13,16 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::metrics::{AdapterLoad, StageFleetArm};
+use crate::state::decision_log::DecisionRecord;
 use crate::state::{Shared, Snapshot};
 use crate::topology::{AdapterId, Fleet, FleetId, ReplicaId, StageId};
 use plan::{Demand, Holder, plan};
 
 /// Sleep when no fleet places models.
 const IDLE: Duration = Duration::from_secs(1);
+
+/// Longest a load runs (`load_timeout_ms` is at most this).
+const MAX_LOAD: Duration = Duration::from_millis(crate::config::MAX_WAIT_CAP_MS);
 
 /// A model's requests on a fleet: the counter last read and the average rate.
 #[derive(Default)]
@@ -43,6 +47,10 @@ pub struct Placement {
     rates: HashMap<(String, String), Rate>,
     /// Replica identity → its loads this minute.
     minutes: HashMap<Arc<str>, Minute>,
+    /// Loads started, until they could have ended (`load_timeout_ms`): held
+    /// for the plan even while a scrape that read the engine before the
+    /// load began says otherwise.
+    started: HashMap<(Arc<str>, AdapterId), Instant>,
     last: Option<Instant>,
 }
 
@@ -92,6 +100,8 @@ impl Placement {
         self.last = Some(now);
         self.minutes
             .retain(|_, m| now.duration_since(m.start) < Duration::from_secs(60));
+        self.started
+            .retain(|_, at| now.duration_since(*at) < MAX_LOAD);
         let mut out = Vec::new();
         for r in self.rates.values_mut() {
             r.seen = false;
@@ -120,33 +130,14 @@ impl Placement {
                     ))
                 })
                 .collect();
-            let ready: Vec<ReplicaId> = fleet
-                .replicas
-                .ids()
-                .filter(|&r| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
-                .collect();
-            let mut holders: Vec<Holder> = ready
-                .iter()
-                .map(|&r| {
-                    let rep = &fleet.replicas[r];
-                    let used = self.minutes.get(&rep.identity).map_or(0, |m| m.loads);
-                    Holder {
-                        held: rep
-                            .load
-                            .adapters
-                            .get()
-                            .map_or_else(Vec::new, |h| h.0.clone()),
-                        seed: rep.seed,
-                        loads_left: pl.max_loads_per_replica_per_min.saturating_sub(used),
-                    }
-                })
-                .collect();
+            let (ready, mut holders) = self.holders(snap, f, pl);
             let demand: Vec<Demand> = stages.iter().map(|s| s.1).collect();
             for (h, id) in plan(&demand, &mut holders, hold.ready as usize) {
                 let Some(&(stage, _)) = stages.iter().find(|s| s.1.id == id) else {
                     continue;
                 };
                 let identity = fleet.replicas[ready[h]].identity.clone();
+                self.started.insert((identity.clone(), id), now);
                 self.minutes
                     .entry(identity)
                     .or_insert(Minute {
@@ -164,6 +155,46 @@ impl Placement {
         }
         self.rates.retain(|_, r| r.seen);
         out
+    }
+
+    /// The fleet's ready replicas, and each as the plan sees it: its models
+    /// (with the loads started for it that may still be running), its
+    /// loads left this minute.
+    fn holders(
+        &self,
+        snap: &Snapshot,
+        f: FleetId,
+        pl: &crate::config::PlacementConfig,
+    ) -> (Vec<ReplicaId>, Vec<Holder>) {
+        let fleet = &snap.topo.fleets[f];
+        let ready: Vec<ReplicaId> = fleet
+            .replicas
+            .ids()
+            .filter(|&r| snap.replicas[f].get(r).is_some_and(|s| s.ready()))
+            .collect();
+        let holders = ready
+            .iter()
+            .map(|&r| {
+                let rep = &fleet.replicas[r];
+                let mut held = rep
+                    .load
+                    .adapters
+                    .get()
+                    .map_or_else(Vec::new, |h| h.0.clone());
+                for (who, id) in self.started.keys() {
+                    if *who == rep.identity && !held.contains(id) {
+                        held.insert(0, *id);
+                    }
+                }
+                let used = self.minutes.get(&rep.identity).map_or(0, |m| m.loads);
+                Holder {
+                    held,
+                    seed: rep.seed,
+                    loads_left: pl.max_loads_per_replica_per_min.saturating_sub(used),
+                }
+            })
+            .collect();
+        (ready, holders)
     }
 
     /// The averaged request rate of `stage` on `fleet`, from the counters of
@@ -221,10 +252,25 @@ fn start(shared: &Arc<Shared>, snap: &Snapshot, p: Planned) {
     let Some(pending) = shared.registrations.needed(&snap.topo, at, p.id, false) else {
         return;
     };
-    if let Some(h) = &fleet.hold {
-        rep.load.adapters.used(&[p.id], h.kept);
-    }
-    tracing::info!(fleet = %fleet.name, replica = %rep.addr, model = %pending.name, "placement: loading ahead of demand");
+    let Some(hold) = &fleet.hold else { return };
+    // What the load is expected to evict: the least recently used model of
+    // a full replica.
+    let held = rep.load.adapters.get().unwrap_or_default();
+    let evicts = held
+        .0
+        .get((hold.ready as usize).saturating_sub(1))
+        .filter(|_| held.0.len() >= hold.ready as usize)
+        .and_then(|&id| snap.topo.stages_of(p.fleet).find_map(|s| s.held_name(id)))
+        .map(String::from);
+    rep.load.adapters.used(&[p.id], hold.kept);
+    tracing::info!(fleet = %fleet.name, replica = %rep.addr, model = %pending.name, evicts = ?evicts, "placement: loading ahead of demand");
+    let stage = &snap.topo.stages[p.stage].name;
+    shared.log_decision(DecisionRecord::placement(
+        (stage, &fleet.name, &rep.addr),
+        &pending.name,
+        hold.tokens(hold.load_ms),
+        evicts,
+    ));
     let shared = shared.clone();
     tokio::spawn(async move {
         let result = match shared.registrations.run(&pending).await {

@@ -66,6 +66,10 @@ pub struct DecisionRecord {
     pub adapter: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub adapter_load_tokens: Option<u64>,
+    /// A placement load (`pick: placement`, no request): the model the
+    /// load is expected to evict from its replica, if any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evicts: Option<String>,
 }
 
 impl DecisionRecord {
@@ -97,6 +101,33 @@ impl DecisionRecord {
                 Some(stage.adapters.name(id)?.to_string())
             }),
             adapter_load_tokens: r.adapter.map(|(_, t)| t as u64),
+            evicts: None,
+        }
+    }
+
+    /// A load placement started ahead of demand: `model` onto `replica`,
+    /// expected to take `load_tokens` and to evict `evicts`.
+    pub fn placement(
+        (stage, fleet, replica): (&str, &str, &str),
+        model: &str,
+        load_tokens: f64,
+        evicts: Option<String>,
+    ) -> DecisionRecord {
+        DecisionRecord {
+            decision_id: format!("{:016x}", crate::clock::random_u64()),
+            request_id: String::new(),
+            stage: stage.to_string(),
+            fleet: fleet.to_string(),
+            replica: replica.to_string(),
+            key_source: "none",
+            arm: "none",
+            pick: "placement",
+            shadow: None,
+            prompt_tokens: 0,
+            predicted_cached_tokens: 0,
+            adapter: Some(model.to_string()),
+            adapter_load_tokens: Some(load_tokens as u64),
+            evicts,
         }
     }
 
@@ -109,6 +140,7 @@ impl DecisionRecord {
             + self.replica.len()
             + self.shadow.as_ref().map_or(0, String::len)
             + self.adapter.as_ref().map_or(0, String::len)
+            + self.evicts.as_ref().map_or(0, String::len)
     }
 }
 
@@ -200,6 +232,7 @@ mod tests {
             predicted_cached_tokens: 0,
             adapter: None,
             adapter_load_tokens: None,
+            evicts: None,
         }
     }
 

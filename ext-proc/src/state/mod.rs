@@ -353,6 +353,14 @@ impl Shared {
             .hold(nonce, guard, decided, &snap.config.leases, input, charge);
     }
 
+    /// A decision made outside a request (a placement load) into the log.
+    pub fn log_decision(&self, record: DecisionRecord) {
+        self.decisions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(record);
+    }
+
     pub fn recent_decisions(&self, q: decision_log::Query<'_>) -> Vec<DecisionRecord> {
         let log = self.decisions.lock().unwrap_or_else(|e| e.into_inner());
         log.find(q)
