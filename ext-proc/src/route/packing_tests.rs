@@ -56,7 +56,7 @@ stages:
 }
 
 fn key(model: &str, k: u64) -> RouteKey<'_> {
-    let mut key = RouteKey {
+    RouteKey {
         model: Some(model),
         key: k,
         key_source: Some(KeySource::User),
@@ -64,9 +64,7 @@ fn key(model: &str, k: u64) -> RouteKey<'_> {
         block_tokens: 16,
         prompt_tokens: 40,
         ..Default::default()
-    };
-    key.blocks.truncate(2);
-    key
+    }
 }
 
 /// Places (and commits) one request, kept in flight: its replica.

@@ -51,10 +51,10 @@ pub(crate) async fn load(call: &EngineCall<'_>, name: &str) -> Result<(), String
 /// it did not answer with a list (the scrape keeps what it knew).
 pub(crate) async fn held(call: &EngineCall<'_>) -> Option<(Vec<String>, Vec<String>)> {
     let (status, body) = call.get("/models", MAX_LIST).await.ok()?;
-    let list: List = serde_json::from_slice(&body)
-        .ok()
-        .filter(|_| status.is_success())?;
-    Some(by_status(list))
+    if !status.is_success() {
+        return None;
+    }
+    read_list(body).await.ok().map(by_status)
 }
 
 fn by_status(list: List) -> (Vec<String>, Vec<String>) {
@@ -102,9 +102,19 @@ async fn status_of(call: &EngineCall<'_>, name: &str) -> Result<Status, String> 
     if !status.is_success() {
         return Err(call.refused("/models", status, &body[..body.len().min(MAX_ANSWER)]));
     }
-    let list: List = serde_json::from_slice(&body)
+    let list = read_list(body)
+        .await
         .map_err(|e| format!("{}/models: not a model list: {e}", call.addr))?;
     Ok(parse(&list, name))
+}
+
+/// Parses a model list off the runtime's workers, which also serve the
+/// routing calls: a body is up to `MAX_LIST` of whatever the engine sends.
+async fn read_list(body: Vec<u8>) -> Result<List, String> {
+    tokio::task::spawn_blocking(move || serde_json::from_slice::<List>(&body))
+        .await
+        .map_err(|_| "the parse panicked".to_string())?
+        .map_err(|e| e.to_string())
 }
 
 fn parse(list: &List, name: &str) -> Status {

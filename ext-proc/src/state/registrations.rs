@@ -81,11 +81,9 @@ impl Registrations {
         let fleet = topo.fleets.get(fleet.index())?;
         let hold = fleet.hold.as_ref()?;
         let stage = topo.stages.get(stage.index())?;
-        let name = Arc::<str>::from(stage.held_name(id)?);
-        let adapter_path = match &hold.kind {
-            HoldKind::Adapters { load_path } => {
-                Some(load_path.as_ref()?.replace("{adapter}", &name))
-            }
+        // An adapter's path (with `{adapter}`), or none for a model.
+        let template = match &hold.kind {
+            HoldKind::Adapters { load_path } => Some(load_path.as_deref()?),
             HoldKind::Models { .. } => None,
         };
         let replica = fleet.replicas.get(replica)?;
@@ -97,7 +95,7 @@ impl Registrations {
         match self.done.get(&key).map(|c| c.initialized()) {
             // An adapter stays registered; a model stays loaded until the
             // replica evicts it for others.
-            Some(true) if adapter_path.is_some() || was_ready => return None,
+            Some(true) if template.is_some() || was_ready => return None,
             // Evicted since: load it again.
             Some(true) => {
                 self.done.remove(&key);
@@ -107,9 +105,12 @@ impl Registrations {
             // A model the engine reports loaded (another instance's load,
             // or one from its start). Every load of this instance made its
             // call before the model was marked held.
-            None if adapter_path.is_none() && was_ready => return None,
+            None if template.is_none() && was_ready => return None,
             None => {}
         }
+        // Only a request that waits pays for these.
+        let name = Arc::<str>::from(stage.held_name(id)?);
+        let adapter_path = template.map(|t| t.replace("{adapter}", &name));
         Some(Pending {
             key,
             // Made now, not when waited for: a request decided meanwhile

@@ -169,8 +169,16 @@ mod tests {
         m.load("a").unwrap();
         assert_eq!(m.load("a"), Err((400, "model is already running")));
         assert_eq!(m.serve("a"), Err((400, "model is not loaded")));
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        m.serve("a").unwrap();
+        // Loaded once its time has passed: poll, bounded.
+        let start = std::time::Instant::now();
+        while m.serve("a").is_err() {
+            assert!(start.elapsed() < Duration::from_secs(5), "a never loaded");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(
+            start.elapsed() >= Duration::from_millis(15),
+            "loaded too soon"
+        );
         m.load("b").unwrap();
         m.serve("a").unwrap();
         // a was used after b: c evicts b.

@@ -95,15 +95,20 @@ fn dedicated_config(cfg: &SimConfig) -> ValidConfig {
     RouterConfig::parse_valid(&yaml).unwrap_or_else(|e| panic!("dedicated replay config: {e}"))
 }
 
+/// A request's TTFT; one never served counts as infinitely late.
+fn late(r: &sim::RequestOutcome) -> f64 {
+    if r.ttft_ms.is_nan() {
+        f64::INFINITY
+    } else {
+        r.ttft_ms
+    }
+}
+
 /// Each model's TTFT p90; a request never served counts as infinitely late.
 fn p90_by_model(reqs: &[TraceRequest], o: &Outcome) -> BTreeMap<String, f64> {
     let mut by: BTreeMap<String, Vec<f64>> = BTreeMap::new();
     for (r, out) in reqs.iter().zip(&o.requests) {
-        let t = if out.ttft_ms.is_nan() {
-            f64::INFINITY
-        } else {
-            out.ttft_ms
-        };
+        let t = late(out);
         by.entry(r.adapter.clone().unwrap_or_default())
             .or_default()
             .push(t);
@@ -168,17 +173,7 @@ pub fn shared(
     let o = sim::run(&cfg, reqs, router.as_mut());
     let by = p90_by_model(reqs, &o);
     let (worst_model, worst_p90) = worst(&by);
-    let mut all: Vec<f64> = o
-        .requests
-        .iter()
-        .map(|r| {
-            if r.ttft_ms.is_nan() {
-                f64::INFINITY
-            } else {
-                r.ttft_ms
-            }
-        })
-        .collect();
+    let mut all: Vec<f64> = o.requests.iter().map(late).collect();
     PackingRow {
         setup: format!("shared pool, {label}"),
         replicas,
@@ -253,13 +248,7 @@ pub fn dedicated(
             let o = sim::run(&c, &own, &mut fr);
             let t = p90_by_model(&own, &o)[&m];
             if t <= p.slo_ms || k >= max {
-                all.extend(o.requests.iter().map(|r| {
-                    if r.ttft_ms.is_nan() {
-                        f64::INFINITY
-                    } else {
-                        r.ttft_ms
-                    }
-                }));
+                all.extend(o.requests.iter().map(late));
                 by.insert(m.clone(), t);
                 rejected += o.rejected;
                 sizes.push(k);
