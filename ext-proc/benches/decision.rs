@@ -165,6 +165,7 @@ fn warm(shared: &Shared, w: &mut Writer, prompts: &[Vec<u64>]) {
                 block_tokens: 16,
                 predicted_cached_tokens: d.cached_tokens,
                 adapter: d.adapter,
+                fallback: None,
             })),
             now,
         );

@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::ExternalProcessor;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     ProcessingRequest, ProcessingResponse, processing_request::Request,
@@ -41,6 +42,7 @@ async fn hold(
     shared: &Shared,
     admission: &Admission,
     held: Held<'_>,
+    headers: &HeaderMap,
     inbound: &mut Streaming<ProcessingRequest>,
 ) -> Option<Reply> {
     let mut held = held;
@@ -54,21 +56,21 @@ async fn hold(
             _ = inbound.message() => return None,
             // Stopping: answered now rather than held past the grace.
             () = shared.shutdown.reached(Phase::Closing) => {
-                return Some(give_up(shared, held, crate::clock::now()));
+                return Some(give_up(shared, admission, held, headers, crate::clock::now()).await);
             }
             _ = tokio::time::sleep_until(deadline) => {
-                return Some(give_up(shared, held, crate::clock::now()));
+                return Some(give_up(shared, admission, held, headers, crate::clock::now()).await);
             }
             _ = held.ticket.turn() => {}
         }
         if held.ticket.evicted() {
-            return Some(give_up(shared, held, crate::clock::now()));
+            return Some(give_up(shared, admission, held, headers, crate::clock::now()).await);
         }
         if !held.ticket.is_head(crate::clock::now()) {
             continue;
         }
         let Held { ticket, mut key } = held;
-        match attempt(shared, admission, &mut key, ticket).await {
+        match attempt(shared, admission, &mut key, headers, ticket).await {
             Ok(answer) => return Some(answer),
             Err(ticket) => held = Held { ticket, key },
         }
@@ -134,7 +136,9 @@ impl ExternalProcessor for Service {
                                 if tx.send(Ok(reply::extend_timer(bound))).await.is_err() {
                                     break;
                                 }
-                                match hold(&shared, &admission, held, &mut inbound).await {
+                                // Held only when it had headers.
+                                let Some(map) = h.headers.as_ref() else { break };
+                                match hold(&shared, &admission, held, map, &mut inbound).await {
                                     Some(r) => r,
                                     None => break,
                                 }

@@ -14,6 +14,7 @@ use crate::config::{
     RoutingConfig, ScalingConfig, StageAdmission, ValidConfig, WarmupConfig, model_list,
 };
 pub mod adapters;
+pub mod fallen;
 pub mod hold;
 pub mod ids;
 pub mod load;
@@ -23,6 +24,7 @@ pub mod slots;
 mod stages;
 
 pub use adapters::{AdapterId, StageAdapters};
+pub use fallen::Fallen;
 pub use hold::{Hold, HoldKind};
 pub use ids::{ById, Candidate, FleetId, NonEmpty, ReplicaId, StageId};
 pub use pick::Pick;
@@ -143,6 +145,10 @@ pub struct Stage {
     pub experiment: Experiment,
     /// Objectives and shedding under overload (`crate::admission` reads it).
     pub admission: Option<StageAdmission>,
+    /// Stages to answer instead, in order, with their conditions.
+    pub fallbacks: Vec<(StageId, Vec<crate::config::Condition>)>,
+    /// Longest prompt its model takes, tokens.
+    pub context_tokens: Option<u32>,
 }
 
 /// A stage's experiments with fleets resolved to `Topology::fleets` indices.
@@ -260,7 +266,7 @@ impl Topology {
         let stages = cfg
             .stages
             .iter()
-            .map(|s| stages::stage(s, &fleet_idx, &fleets))
+            .map(|s| stages::stage(s, &cfg.stages, &fleet_idx, &fleets))
             .collect::<Vec<_>>();
         let mut by_model = HashMap::new();
         for (i, s) in cfg.stages.iter().enumerate() {

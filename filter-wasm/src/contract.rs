@@ -70,6 +70,11 @@ pub const SERVED_MODEL: &str = "x-fleetroute-served-model";
 /// that byte and removes this header, so the ext_proc filter reports the
 /// moment the replica's prefill ended.
 pub const FIRST_BYTE: &str = "x-fleetroute-first-byte";
+/// Set when fleetroute routed the request to a fallback of the stage it
+/// named: `<stage>; reason=<condition>`. The rename root removes it from the
+/// request, shows it to the client on the response (replacing any copy an
+/// engine wrote) and leaves the response's `model` as the fallback wrote it.
+pub const FALLBACK: &str = "x-fleetroute-fallback";
 
 /// `root_id` of the filter's second root, which renames the model; the
 /// first root (any other id) reads the request.
@@ -104,6 +109,7 @@ pub const REQUEST_HEADERS: &[&str] = &[
     SHADOW,
     SERVED_MODEL,
     FIRST_BYTE,
+    FALLBACK,
 ];
 
 /// Where the sampling key came from.

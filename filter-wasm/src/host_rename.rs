@@ -6,7 +6,9 @@
 //! a routed response's headers until its first body byte when ext-proc asks
 //! (`x-fleetroute-first-byte`): the ext_proc filter, before this root on the
 //! way back, then reports the first token rather than the engine's early
-//! headers. Together with `host` the only code that talks to the proxy-wasm
+//! headers. On a fallback (ext-proc's `x-fleetroute-fallback`) it shows the
+//! client that header and leaves the response's `model` as the fallback
+//! wrote it. Together with `host` the only code that talks to the proxy-wasm
 //! host.
 
 use std::rc::Rc;
@@ -83,6 +85,7 @@ pub fn context(shared: Rc<Shared>) -> Box<dyn HttpContext> {
         renamed: false,
         response: None,
         first_byte: false,
+        fallback: None,
     })
 }
 
@@ -98,6 +101,8 @@ struct Rename {
     response: Option<ModelRewriter>,
     /// ext-proc asked for the response headers at the first body byte.
     first_byte: bool,
+    /// ext-proc's `x-fleetroute-fallback`, for the client.
+    fallback: Option<String>,
 }
 
 impl Rename {
@@ -143,7 +148,8 @@ impl Rename {
 
     /// Sets up the response's rewrite for a renamed request.
     fn prepare_rename(&mut self) {
-        if !self.renamed {
+        // A fallback's answer keeps the model that wrote it.
+        if !self.renamed || self.fallback.is_some() {
             return;
         }
         let Some(client) = self.client.as_deref() else {
@@ -177,6 +183,10 @@ impl HttpContext for Rename {
             self.set_http_request_header(contract::FIRST_BYTE, None);
             self.first_byte = true;
         }
+        if let Some(f) = self.get_http_request_header(contract::FALLBACK) {
+            self.set_http_request_header(contract::FALLBACK, None);
+            self.fallback = Some(f);
+        }
         let Some(served) = self.get_http_request_header(contract::SERVED_MODEL) else {
             return Action::Continue;
         };
@@ -209,6 +219,8 @@ impl HttpContext for Rename {
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
+        // Only fleetroute's decision tells it; an engine's copy is dropped.
+        self.set_http_response_header(contract::FALLBACK, self.fallback.as_deref());
         self.prepare_rename();
         if self.first_byte && !end_of_stream {
             // Envoy hands this root the body while the headers wait; the

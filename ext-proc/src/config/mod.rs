@@ -7,6 +7,7 @@ mod defaults;
 mod engine;
 mod envoy;
 mod experiment;
+mod fallback;
 mod grpc;
 mod identity;
 mod lora;
@@ -31,6 +32,7 @@ pub use engine::{
 };
 pub use envoy::*;
 pub use experiment::{AbTest, ExperimentConfig, Shadow, Variant};
+pub use fallback::{Condition, FallbackConfig};
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
 pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};
 pub use lora::{LoraConfig, MAX_ADAPTERS_PER_STAGE};

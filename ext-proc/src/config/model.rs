@@ -263,6 +263,14 @@ pub struct StageConfig {
     /// Objectives and shedding under overload; none: every request is routed.
     #[serde(default)]
     pub admission: Option<super::StageAdmission>,
+    /// Other stages to answer instead of failing, in order, each for the
+    /// conditions it lists (`concepts/fallbacks.md`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallbacks: Vec<super::FallbackConfig>,
+    /// Longest prompt the stage's model takes, tokens (the filter's
+    /// estimate): a longer one goes to a `context` fallback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_tokens: Option<u32>,
 }
 
 impl StageConfig {

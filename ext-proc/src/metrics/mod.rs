@@ -30,8 +30,8 @@ pub use fleets::{Fleets, ReplicaState, ReplicaStates};
 pub use labels::{FleetLabel, Replica, ResultGauges, Results, StageFleet, Values};
 pub use peers::{Direction, Forwarded, LoadExchange, Peers, PrefixUpdate};
 pub use routing::{
-    AdapterLoad, Class, HitRate, HitSource, Outcome, Rejected, Routing, StageFleetArm, TokenKind,
-    Tokens,
+    AdapterLoad, Class, FellBack, HitRate, HitSource, Outcome, Rejected, Routing, StageFleetArm,
+    TokenKind, Tokens,
 };
 pub use sources::SourceMetrics;
 pub use tenants::{Audit, SharedCounters, TenantLabel, TenantRefusal, Tenants};

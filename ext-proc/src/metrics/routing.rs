@@ -76,6 +76,16 @@ pub struct Rejected {
     pub reason: &'static str,
 }
 
+/// A request its stage did not serve, served by a fallback.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FellBack {
+    /// The stage the client named.
+    pub stage: String,
+    /// The stage that served it.
+    pub fallback: String,
+    pub reason: &'static str,
+}
+
 #[derive(Clone)]
 pub struct Buckets(pub fn() -> Histogram);
 
@@ -94,6 +104,7 @@ pub struct Routing {
     pub requests: Family<StageFleetArm, Counter>,
     pub responses: Family<Outcome, Counter>,
     pub rejected: Family<Rejected, Counter>,
+    pub fallbacks: Family<FellBack, Counter>,
     pub shadowed: Family<StageFleet, Counter>,
     pub ttft: Family<StageFleet, Histogram, Buckets>,
     pub duration: Family<StageFleet, Histogram, Buckets>,
@@ -121,6 +132,7 @@ impl Routing {
             requests: Family::default(),
             responses: Family::default(),
             rejected: Family::default(),
+            fallbacks: Family::default(),
             shadowed: Family::default(),
             ttft: Family::new_with_constructor(Buckets(seconds)),
             duration: Family::new_with_constructor(Buckets(seconds)),
@@ -160,6 +172,11 @@ impl Routing {
             "rejected",
             "Requests answered by fleetroute with an error, by reason",
             m.rejected.clone(),
+        );
+        r.add(
+            "fallbacks",
+            "Requests served by a fallback stage instead of the stage they named, by reason",
+            m.fallbacks.clone(),
         );
         r.add(
             "shadow_requests",
@@ -240,6 +257,15 @@ impl Routing {
                     }
                 }
             }
+            for (to, on) in &stage.fallbacks {
+                for c in on {
+                    drop(self.fallbacks.get_or_create(&FellBack {
+                        stage: stage.name.clone(),
+                        fallback: topo.stages[*to].name.clone(),
+                        reason: c.as_str(),
+                    }));
+                }
+            }
             if let Some((f, _)) = stage.experiment.shadow {
                 drop(self.shadowed.get_or_create(&StageFleet {
                     stage: stage.name.clone(),
@@ -253,6 +279,7 @@ impl Routing {
         self.requests.clear();
         self.responses.clear();
         self.rejected.clear();
+        self.fallbacks.clear();
         self.shadowed.clear();
         self.ttft.clear();
         self.duration.clear();

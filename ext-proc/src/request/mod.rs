@@ -8,6 +8,9 @@
 //! [`release`] on the same decisions with its simulated clock.
 
 pub mod audit;
+pub mod fallback;
+#[cfg(test)]
+mod fallback_tests;
 pub mod place;
 pub mod reply;
 pub mod tenant;
@@ -21,6 +24,7 @@ use tracing::Instrument;
 use crate::admission::class::BadPriority;
 use crate::admission::judge::Refusal;
 use crate::admission::{Admission, Judged, Retried, Ticket};
+use crate::config::Condition;
 use crate::decision_trace::DecisionSpan;
 use crate::metrics::AdapterLoad;
 use crate::route::{Decision, Reject, key::RouteKey};
@@ -180,13 +184,43 @@ pub async fn route_request<'a>(
         }
     }
     key.spread_anonymous(crate::clock::random_u64());
+    let snapshot = shared.snapshot_full();
+    let from = crate::route::stage::resolve(&snapshot.topo, key.model)
+        .ok()
+        .map(|(i, _)| i);
+    // A prompt longer than the stage takes: a longer-context fallback first.
+    if let Some(from) = from
+        && crate::route::fallback::over_context(&snapshot.topo.stages[from], &key)
+        && let Some((p, asked)) = fallback::fall_back(
+            shared,
+            admission,
+            &snapshot,
+            &key,
+            map,
+            from,
+            Condition::Context,
+        )
+        .await
+    {
+        trace.routed(&p.snapshot, &p.decision);
+        return Answer::Now(routed(shared, p, asked, Duration::ZERO));
+    }
     let decided = {
         let _entered = trace.span().enter();
-        decide_on(shared, &key, crate::clock::random_u64())
+        crate::route::decide(&snapshot, &key, crate::clock::random_u64())
     };
-    let (snapshot, decision) = match decided {
+    let decision = match decided {
         Ok(d) => d,
         Err(reject) => {
+            let unhealthy = crate::route::fallback::condition_of(&reject);
+            if let (Some(from), Some(c)) = (from, unhealthy)
+                && let Some((p, asked)) =
+                    fallback::fall_back(shared, admission, &snapshot, &key, map, from, c).await
+            {
+                trace.routed(&p.snapshot, &p.decision);
+                return Answer::Now(routed(shared, p, asked, Duration::ZERO));
+            }
+            audit::rejected(shared, &snapshot, None, &key, &reject);
             trace.rejected(&reject);
             return Answer::Now(reply::reject(&reject).into());
         }
@@ -222,15 +256,44 @@ pub async fn admit<'a>(
     now: Instant,
 ) -> Admitted<'a> {
     match admission.judge(&shared.metrics, &snapshot, headers, &key, decision, now) {
-        Judged::Admit(decision) => commit(shared, snapshot, decision, key).await,
-        Judged::Refuse { stage, refusal } => overloaded(shared, &key, stage, refusal),
+        Judged::Admit(decision) => {
+            if fallback::saturated_without_admission(&snapshot, &decision)
+                && let Some(a) = saturated(shared, admission, &snapshot, &key, headers).await
+            {
+                return a;
+            }
+            commit(shared, snapshot, decision, key).await
+        }
+        Judged::Refuse { stage, refusal } => {
+            match saturated(shared, admission, &snapshot, &key, headers).await {
+                Some(a) => a,
+                None => overloaded(shared, &key, stage, refusal),
+            }
+        }
         Judged::Hold(ticket) => Admitted::Held(Held { ticket, key }),
         Judged::Invalid(bad) => Admitted::Invalid(bad),
     }
 }
 
+/// The request's stage is saturated: placed on a `saturated` fallback of
+/// the stage it named, if one takes it now.
+async fn saturated<'a>(
+    shared: &Shared,
+    admission: &Admission,
+    snapshot: &std::sync::Arc<Snapshot>,
+    key: &RouteKey<'a>,
+    headers: &HeaderMap,
+) -> Option<Admitted<'a>> {
+    let (from, _) = crate::route::stage::resolve(&snapshot.topo, key.model).ok()?;
+    let reason = Condition::Saturated;
+    let (p, asked) =
+        fallback::fall_back(shared, admission, snapshot, key, headers, from, reason).await?;
+    Some(Admitted::Placed(p, asked))
+}
+
 /// One turn of a held request, on a new decision: released, it meets its
 /// tenant's limits like any other. `Err`: still held, with its ticket back.
+#[allow(clippy::too_many_arguments)]
 pub async fn release<'a>(
     shared: &Shared,
     admission: &Admission,
@@ -238,6 +301,7 @@ pub async fn release<'a>(
     snapshot: std::sync::Arc<Snapshot>,
     decision: Decision,
     key: &mut RouteKey<'a>,
+    headers: &HeaderMap,
     now: Instant,
 ) -> Result<Admitted<'a>, Ticket> {
     let stage = ticket.stage_name().to_string();
@@ -245,7 +309,12 @@ pub async fn release<'a>(
         (_, Retried::Release(decision)) => {
             Ok(commit(shared, snapshot, decision, std::mem::take(key)).await)
         }
-        (_, Retried::Refuse(refusal)) => Ok(overloaded(shared, key, stage, refusal)),
+        (_, Retried::Refuse(refusal)) => Ok(
+            match saturated(shared, admission, &snapshot, key, headers).await {
+                Some(a) => a,
+                None => overloaded(shared, key, stage, refusal),
+            },
+        ),
         (Some(t), Retried::Wait) => Err(t),
         (None, Retried::Wait) => unreachable!("a waiting request keeps its ticket"),
     }
@@ -322,6 +391,7 @@ pub async fn attempt(
     shared: &Shared,
     admission: &Admission,
     key: &mut RouteKey<'_>,
+    headers: &HeaderMap,
     ticket: Ticket,
 ) -> Result<Reply, Ticket> {
     let (snapshot, decision) = match decide_on(shared, key, crate::clock::random_u64()) {
@@ -332,17 +402,34 @@ pub async fn attempt(
     };
     let now = crate::clock::now();
     let held = now.saturating_duration_since(ticket.arrived());
-    match release(shared, admission, ticket, snapshot, decision, key, now).await? {
+    match release(
+        shared, admission, ticket, snapshot, decision, key, headers, now,
+    )
+    .await?
+    {
         Admitted::Placed(p, asked) => Ok(routed(shared, p, asked, held)),
         other => Ok(answer(other).into()),
     }
 }
 
-/// A held request given up (its deadline, an eviction, a shutdown): its
-/// 429, audited.
-pub fn give_up(shared: &Shared, held: Held<'_>, now: Instant) -> Reply {
+/// A held request given up (its deadline, an eviction, a shutdown): placed
+/// on a `saturated` fallback that takes it now, else its 429, audited.
+pub async fn give_up(
+    shared: &Shared,
+    admission: &Admission,
+    held: Held<'_>,
+    headers: &HeaderMap,
+    now: Instant,
+) -> Reply {
     let Held { ticket, key } = held;
     let stage = ticket.stage_name().to_string();
+    let waited = now.saturating_duration_since(ticket.arrived());
     let refusal = ticket.refuse(now);
+    let snapshot = shared.snapshot_full();
+    if let Some(Admitted::Placed(p, asked)) =
+        saturated(shared, admission, &snapshot, &key, headers).await
+    {
+        return routed(shared, p, asked, waited);
+    }
     answer(overloaded(shared, &key, stage, refusal)).into()
 }

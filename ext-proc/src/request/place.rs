@@ -121,6 +121,7 @@ pub async fn admit_and_commit(
         block_tokens: key.block_tokens,
         predicted_cached_tokens: decision.cached_tokens,
         adapter: decision.adapter,
+        fallback: decision.fallback,
     })));
     Ok(Placed {
         snapshot,

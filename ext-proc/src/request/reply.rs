@@ -130,7 +130,12 @@ pub fn route(
         // The route mirrors to the cluster this header names.
         set_headers.push(header(contract::SHADOW, topo.fleets[s].name.clone()));
     }
-    let served = topo.stages[d.stage].rename(d.fleet, d.adapter.map(|a| a.0));
+    let served = served_model(topo, d);
+    if let Some(f) = &d.fallback {
+        // The rename root shows it to the client and leaves the response's
+        // `model` as the fallback wrote it.
+        set_headers.push(header(contract::FALLBACK, f.header(topo, d.stage)));
+    }
     if let (Some(served), Some(asked)) = (served, requested)
         && served != asked
     {
@@ -157,6 +162,17 @@ pub fn route(
         dynamic_metadata: Some(metadata),
         mode_override: Some(FIRST_BYTE_MODE),
         ..Default::default()
+    }
+}
+
+/// The model name a decision writes upstream, when not the client's: the
+/// fleet's own name, and on a fallback the fallback's model in any case.
+pub fn served_model<'t>(topo: &'t Topology, d: &Decision) -> Option<&'t str> {
+    let stage = &topo.stages[d.stage];
+    let own = stage.rename(d.fleet, d.adapter.map(|a| a.0));
+    match d.fallback {
+        Some(_) => Some(own.unwrap_or(&stage.model)),
+        None => own,
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use crate::config::TenantLimits;
+use crate::config::{Condition, TenantLimits};
 use crate::route::key::RouteKey;
 use crate::route::{Decision, Reject};
 use crate::state::figures::usd_per_mtok;
@@ -116,8 +116,7 @@ pub fn context(snap: &Snapshot, d: &Decision, key: &RouteKey<'_>) -> AuditContex
         admitted_ms: Clock::real().now_ms(),
         request_id: key.request_id.into(),
         model: crate::state::decision_log::truncate_to(model, MAX_MODEL).into(),
-        model_served: snap.topo.stages[d.stage]
-            .rename(d.fleet, d.adapter.map(|a| a.0))
+        model_served: super::reply::served_model(&snap.topo, d)
             .filter(|&s| s != model)
             .map(Into::into),
         policy: snap.topo.stages[d.stage].routing.policy().name(),
@@ -127,9 +126,18 @@ pub fn context(snap: &Snapshot, d: &Decision, key: &RouteKey<'_>) -> AuditContex
 
 /// Why this fleet, in one word of the policy's rule: `fill_order` (the
 /// first fleet of a priority order), `spill` (a later one), `weighted_share`,
-/// `fastest`, `cheapest`, or `ab_variant` (re-sampled by an A/B test).
+/// `fastest`, `cheapest`, or `ab_variant` (re-sampled by an A/B test); on a
+/// fallback stage, `fallback_<condition>`.
 /// Exploration is not told apart from the policy's own choice.
 pub fn reason(snap: &Snapshot, d: &Decision) -> &'static str {
+    if let Some(f) = d.fallback {
+        return match f.reason {
+            Condition::Saturated => "fallback_saturated",
+            Condition::Unhealthy => "fallback_unhealthy",
+            Condition::Context => "fallback_context",
+            Condition::Upstream => "fallback_upstream",
+        };
+    }
     if d.arm == Arm::Variant {
         return "ab_variant";
     }

@@ -60,8 +60,11 @@ pub fn candidates(
 ) -> Result<Candidates, Reject> {
     let topo = &snap.topo;
     let residency = key.residency;
+    // A fallback never leaves the residency of the stage the client named.
+    let named = key.within.map(|s| &topo.stages[s].residency);
     let allowed = |region: &str| {
         stage.residency.iter().any(|r| r == region)
+            && named.is_none_or(|n| n.iter().any(|r| r == region))
             && residency.is_none_or(|req| split_regions(req).any(|r| r == region))
     };
     if residency.is_some() && !stage.residency.iter().any(|r| allowed(r)) {

@@ -46,6 +46,9 @@ pub struct RouteKey<'a> {
     /// The LoRA adapter `model` names, once [`crate::route::stage::adapter`]
     /// resolved it (its blocks are then the adapter's).
     pub adapter: Option<crate::topology::AdapterId>,
+    /// On a fallback: the stage the client named, whose residency bounds
+    /// the fallback's fleets too.
+    pub within: Option<crate::topology::StageId>,
 }
 
 /// A header's value as Envoy sends it.

@@ -4,6 +4,7 @@
 
 pub mod eligible;
 pub mod experiment;
+pub mod fallback;
 pub mod fleet;
 pub mod key;
 
@@ -44,6 +45,8 @@ pub struct Decision {
     /// The LoRA adapter asked for, and what loading it on the chosen
     /// replica costs (prefill tokens; 0 when it holds it).
     pub adapter: Option<(AdapterId, f64)>,
+    /// Set when the stage is a fallback of the one the client named.
+    pub fallback: Option<fallback::Fallen>,
 }
 
 /// The eligible fleets' load, as the decision saw it.
@@ -213,8 +216,19 @@ impl Reject {
 /// `rng` is this request's randomness (exploration); pass a seeded value in
 /// tests for a deterministic decision.
 pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision, Reject> {
+    let (stage_idx, _) = stage::resolve(&snap.topo, key.model)?;
+    decide_stage(snap, key, stage_idx, rng)
+}
+
+/// The decision on a stage already resolved.
+pub fn decide_stage(
+    snap: &Snapshot,
+    key: &RouteKey<'_>,
+    stage_idx: StageId,
+    rng: u64,
+) -> Result<Decision, Reject> {
     let topo = &snap.topo;
-    let (stage_idx, stage) = stage::resolve(topo, key.model)?;
+    let stage = &topo.stages[stage_idx];
     let candidates = eligible::candidates(snap, stage, key)?;
     let input = fleet::PolicyInput {
         snap,
@@ -247,6 +261,7 @@ pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision,
             .adapter
             .filter(|_| topo.fleets[cf.fleet].hold.is_some())
             .map(|a| (a, choice.adapter_tokens)),
+        fallback: None,
     })
 }
 

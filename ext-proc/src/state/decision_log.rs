@@ -70,6 +70,12 @@ pub struct DecisionRecord {
     /// load is expected to evict from its replica, if any.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub evicts: Option<String>,
+    /// On a fallback: the stage the client named, and why it did not serve
+    /// (`saturated`, `unhealthy`, `context`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_from: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fallback_reason: Option<&'static str>,
 }
 
 impl DecisionRecord {
@@ -102,6 +108,10 @@ impl DecisionRecord {
             }),
             adapter_load_tokens: r.adapter.map(|(_, t)| t as u64),
             evicts: None,
+            fallback_from: r
+                .fallback
+                .and_then(|f| Some(topo.stages.get(f.from.index())?.name.clone())),
+            fallback_reason: r.fallback.map(|f| f.reason.as_str()),
         }
     }
 
@@ -128,6 +138,8 @@ impl DecisionRecord {
             adapter: Some(model.to_string()),
             adapter_load_tokens: Some(load_tokens as u64),
             evicts,
+            fallback_from: None,
+            fallback_reason: None,
         }
     }
 
@@ -141,6 +153,7 @@ impl DecisionRecord {
             + self.shadow.as_ref().map_or(0, String::len)
             + self.adapter.as_ref().map_or(0, String::len)
             + self.evicts.as_ref().map_or(0, String::len)
+            + self.fallback_from.as_ref().map_or(0, String::len)
     }
 }
 
@@ -233,6 +246,8 @@ mod tests {
             adapter: None,
             adapter_load_tokens: None,
             evicts: None,
+            fallback_from: None,
+            fallback_reason: None,
         }
     }
 

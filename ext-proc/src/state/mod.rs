@@ -213,6 +213,8 @@ pub struct Routed {
     /// The request's LoRA adapter and what loading it on the chosen replica
     /// was expected to cost, prefill tokens.
     pub adapter: Option<(crate::topology::AdapterId, f64)>,
+    /// Set when `stage` is a fallback of the stage the client named.
+    pub fallback: Option<crate::topology::Fallen>,
 }
 
 #[derive(Debug)]

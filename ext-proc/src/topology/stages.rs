@@ -11,6 +11,7 @@ use crate::config::PolicyKind;
 /// A stage of the config, its fleets by id.
 pub(super) fn stage(
     s: &crate::config::StageConfig,
+    all: &[crate::config::StageConfig],
     fleet_idx: &HashMap<&str, FleetId>,
     fleets: &[Fleet],
 ) -> Stage {
@@ -81,6 +82,16 @@ pub(super) fn stage(
         outlier: s.outlier.clone(),
         warmup: s.warmup.clone(),
         admission: s.admission.clone(),
+        // Validated: every name is a stage.
+        fallbacks: s
+            .fallbacks
+            .iter()
+            .filter_map(|f| {
+                let i = all.iter().position(|t| t.name == f.stage)?;
+                Some((super::StageId(i), f.on.clone()))
+            })
+            .collect(),
+        context_tokens: s.context_tokens,
         experiment: Experiment {
             ab: s.experiment.ab.as_ref().map(|ab| {
                 (

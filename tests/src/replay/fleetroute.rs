@@ -355,6 +355,7 @@ impl SimRouter for Fleetroute {
                 )
             });
             let held_ms = t.saturating_duration_since(ticket.arrived()).as_secs_f64() * 1000.0;
+            let headers = HeaderMap::default();
             let released = request::release(
                 &self.shared,
                 &self.admission,
@@ -362,6 +363,7 @@ impl SimRouter for Fleetroute {
                 snap,
                 decision,
                 &mut key,
+                &headers,
                 t,
             );
             match futures::executor::block_on(released) {

@@ -5,6 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 mod adapters;
 mod experiment;
+mod fallbacks;
 
 use super::{Errors, fleet::bounds};
 use crate::config::{
@@ -56,6 +57,7 @@ pub(super) fn stages(cfg: &RouterConfig, regions: &HashMap<&str, &str>, e: &mut 
         adapters::adapters(&scope, i, &mut models, e);
         stage(scope, e);
     }
+    fallbacks::loops(cfg, e);
     if let Some(d) = &cfg.default_stage {
         e.ensure(
             names.contains(d.as_str()),
@@ -109,6 +111,7 @@ fn stage(mut sc: Scope<'_>, e: &mut Errors) {
         warmup(w, &format!("{p}.warmup"), e);
     }
     experiment::experiment(&sc, e);
+    fallbacks::fallbacks(&sc, e);
     if let Some(a) = &s.admission {
         super::admission::stage(a, &format!("{p}.admission"), e);
     }

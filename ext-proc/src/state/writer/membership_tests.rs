@@ -97,6 +97,7 @@ impl Writer {
                 prompt_tokens: 100,
                 predicted_cached_tokens: 0,
                 adapter: None,
+                fallback: None,
             })),
             now,
         );

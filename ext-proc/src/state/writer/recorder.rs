@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use crate::metrics::{
-    Class, FleetLabel, HitRate, HitSource, Metrics, Outcome, Rejected, Replica, ReplicaState,
-    ReplicaStates, StageFleet, StageFleetArm, TokenKind, Tokens, Values,
+    Class, FellBack, FleetLabel, HitRate, HitSource, Metrics, Outcome, Rejected, Replica,
+    ReplicaState, ReplicaStates, StageFleet, StageFleetArm, TokenKind, Tokens, Values,
 };
 use crate::state::Routed;
 use crate::state::accounting::Accounting;
@@ -28,6 +28,18 @@ pub(super) fn routed(m: &Metrics, topo: &Topology, r: &Routed) {
             arm: r.arm.as_str().to_string(),
         })
         .inc();
+    if let Some(f) = r.fallback
+        && let Some(from) = topo.stages.by_id(f.from)
+    {
+        m.routing
+            .fallbacks
+            .get_or_create(&FellBack {
+                stage: from.name.clone(),
+                fallback: stage.name.clone(),
+                reason: f.reason.as_str(),
+            })
+            .inc();
+    }
     if let Some(s) = r.shadow.and_then(|s| topo.fleets.by_id(s)) {
         m.routing
             .shadowed

@@ -1,0 +1,57 @@
+//! What a stage degrades to instead of failing: other stages, in order,
+//! each for the conditions the operator names.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One entry of a stage's `fallbacks`.
+#[derive(Clone, Debug, Deserialize, JsonSchema, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct FallbackConfig {
+    /// The stage that answers instead (its model, its fleets, its prices),
+    /// used only inside this stage's residency and the request's.
+    pub stage: String,
+    /// When it applies; absent: every condition.
+    #[serde(default = "Condition::all")]
+    pub on: Vec<Condition>,
+}
+
+/// Why a request leaves its stage for a fallback.
+#[derive(Clone, Copy, Debug, Deserialize, JsonSchema, Serialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Condition {
+    /// Admission refuses the request (or gives up holding it), or, on a
+    /// stage without admission, every eligible fleet is saturated.
+    Saturated,
+    /// No fleet of the stage has a ready replica the policy accepts.
+    Unhealthy,
+    /// The prompt (the filter's token estimate) is longer than the stage's
+    /// `context_tokens`.
+    Context,
+    /// The chosen replica failed before its first response byte (5xx,
+    /// reset, connect failure): Envoy retries once on the fallback.
+    Upstream,
+}
+
+impl Condition {
+    pub const ALL: [Condition; 4] = [
+        Condition::Saturated,
+        Condition::Unhealthy,
+        Condition::Context,
+        Condition::Upstream,
+    ];
+
+    fn all() -> Vec<Condition> {
+        Condition::ALL.to_vec()
+    }
+
+    /// As the client reads it in `x-fleetroute-fallback` and metrics label it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Condition::Saturated => "saturated",
+            Condition::Unhealthy => "unhealthy",
+            Condition::Context => "context",
+            Condition::Upstream => "upstream",
+        }
+    }
+}
