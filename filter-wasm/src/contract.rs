@@ -75,10 +75,22 @@ pub const FIRST_BYTE: &str = "x-fleetroute-first-byte";
 /// request, shows it to the client on the response (replacing any copy an
 /// engine wrote) and leaves the response's `model` as the fallback wrote it.
 pub const FALLBACK: &str = "x-fleetroute-fallback";
+/// On a request routed to a `retry/` cluster: `<stage>|<model>`, the
+/// `upstream` fallback a retry goes to and its model's name on the replica
+/// fleetroute listed second. Read by the upstream root, which removes it
+/// (so the route does not: it removes before upstream filters run); the
+/// rename root then trusts the response's `x-fleetroute-fallback`.
+pub const UPSTREAM_FALLBACK: &str = "x-fleetroute-upstream-fallback";
 
 /// `root_id` of the filter's second root, which renames the model; the
 /// first root (any other id) reads the request.
 pub const RENAME_ROOT_ID: &str = "fleetroute_rename";
+/// `root_id` of the third root, an upstream filter on the `retry/` clusters:
+/// it renames a retry's model for the `upstream` fallback.
+pub const UPSTREAM_ROOT_ID: &str = "fleetroute_upstream";
+/// Prefix of the clusters that pair a fleet with an `upstream` fallback's
+/// fleet: `retry/<fleet>/<fleet>`.
+pub const RETRY_CLUSTER_PREFIX: &str = "retry/";
 
 // Reserved response header, stripped by the filter before the client.
 /// Response header: how long the request waited for its LoRA adapter to
@@ -88,7 +100,8 @@ pub const UPSTREAM_HOST: &str = "x-fleetroute-upstream-host";
 
 /// Every request header the contract defines. The Envoy route removes all of
 /// them before upstream (`request_headers_to_remove`) except [`SHADOW`], which
-/// its mirror policy reads after that removal; it only ever names a fleet.
+/// its mirror policy reads after that removal (it only ever names a fleet),
+/// and [`UPSTREAM_FALLBACK`], which the upstream root reads and removes.
 pub const REQUEST_HEADERS: &[&str] = &[
     MODEL,
     KEY,
@@ -110,6 +123,7 @@ pub const REQUEST_HEADERS: &[&str] = &[
     SERVED_MODEL,
     FIRST_BYTE,
     FALLBACK,
+    UPSTREAM_FALLBACK,
 ];
 
 /// Where the sampling key came from.

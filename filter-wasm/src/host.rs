@@ -1,7 +1,9 @@
-//! With `host_rename`, the only code that talks to the proxy-wasm host: it
-//! moves headers and body bytes between Envoy and the plain-Rust logic in the
-//! rest of the crate. One module, two roots: the request reader (this file)
-//! and, by `root_id`, the model rename after ext_proc (`host_rename`).
+//! With `host_rename` and `host_upstream`, the only code that talks to the
+//! proxy-wasm host: it moves headers and body bytes between Envoy and the
+//! plain-Rust logic in the rest of the crate. One module, three roots: the
+//! request reader (this file) and, by `root_id`, the model rename after
+//! ext_proc (`host_rename`) and the retry's rename on the `retry/` clusters
+//! (`host_upstream`).
 
 use std::rc::Rc;
 
@@ -14,9 +16,9 @@ use crate::config::FilterConfig;
 use crate::contract::{self, ParseStatus};
 use crate::extract::extract;
 use crate::headers::{Counter, HeaderHost, Next, on_request_headers};
-use crate::host_rename;
 use crate::http::{LocalReply, check_size};
 use crate::response::UsageScanner;
+use crate::{host_rename, host_upstream};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -72,6 +74,8 @@ struct Root {
     shared: Option<Rc<Shared>>,
     /// Set instead when this root is the rename root.
     rename: Option<Rc<host_rename::Shared>>,
+    /// This root is the upstream root (`host_upstream`).
+    upstream: bool,
 }
 
 impl Context for Root {}
@@ -85,6 +89,11 @@ impl RootContext for Root {
         if root_id == contract::RENAME_ROOT_ID.as_bytes() {
             self.rename = host_rename::configure(&raw);
             return self.rename.is_some();
+        }
+        if root_id == contract::UPSTREAM_ROOT_ID.as_bytes() {
+            // Like the rename root's: everything comes per request.
+            self.upstream = true;
+            return host_rename::configure_empty(&raw, "upstream");
         }
         let cfg = match FilterConfig::parse(&raw) {
             Ok(cfg) => cfg,
@@ -118,6 +127,9 @@ impl RootContext for Root {
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         if let Some(r) = &self.rename {
             return Some(host_rename::context(r.clone()));
+        }
+        if self.upstream {
+            return Some(host_upstream::context());
         }
         let shared = self.shared.clone()?;
         Some(Box::new(Request {

@@ -57,12 +57,7 @@ pub struct Shared {
 /// The root's configuration must be empty (or `{}`): the names come per
 /// request, from ext-proc.
 pub fn configure(raw: &[u8]) -> Option<Rc<Shared>> {
-    let text = String::from_utf8_lossy(raw);
-    let t = text.trim();
-    if !(t.is_empty() || t.replace(char::is_whitespace, "") == "{}") {
-        log_critical(&format!(
-            "fleetroute rename: the configuration must be empty or {{}}, found: {t}"
-        ));
+    if !configure_empty(raw, "rename") {
         return None;
     }
     let Some(metrics) = Metrics::define() else {
@@ -70,6 +65,19 @@ pub fn configure(raw: &[u8]) -> Option<Rc<Shared>> {
         return None;
     };
     Some(Rc::new(Shared { metrics }))
+}
+
+/// Whether a root that takes no configuration got none (else it says so).
+pub fn configure_empty(raw: &[u8], root: &str) -> bool {
+    let text = String::from_utf8_lossy(raw);
+    let t = text.trim();
+    let empty = t.is_empty() || t.replace(char::is_whitespace, "") == "{}";
+    if !empty {
+        log_critical(&format!(
+            "fleetroute {root}: the configuration must be empty or {{}}, found: {t}"
+        ));
+    }
+    empty
 }
 
 fn log_critical(msg: &str) {
@@ -86,6 +94,7 @@ pub fn context(shared: Rc<Shared>) -> Box<dyn HttpContext> {
         response: None,
         first_byte: false,
         fallback: None,
+        may_retry_elsewhere: false,
     })
 }
 
@@ -103,6 +112,9 @@ struct Rename {
     first_byte: bool,
     /// ext-proc's `x-fleetroute-fallback`, for the client.
     fallback: Option<String>,
+    /// Routed to a `retry/` cluster, whose upstream root writes the
+    /// response's `x-fleetroute-fallback` when a retry went to the fallback.
+    may_retry_elsewhere: bool,
 }
 
 impl Rename {
@@ -187,6 +199,10 @@ impl HttpContext for Rename {
             self.set_http_request_header(contract::FALLBACK, None);
             self.fallback = Some(f);
         }
+        // Left in place: the upstream root reads it.
+        self.may_retry_elsewhere = self
+            .get_http_request_header(contract::UPSTREAM_FALLBACK)
+            .is_some();
         let Some(served) = self.get_http_request_header(contract::SERVED_MODEL) else {
             return Action::Continue;
         };
@@ -219,8 +235,15 @@ impl HttpContext for Rename {
     }
 
     fn on_http_response_headers(&mut self, _n: usize, end_of_stream: bool) -> Action {
-        // Only fleetroute's decision tells it; an engine's copy is dropped.
-        self.set_http_response_header(contract::FALLBACK, self.fallback.as_deref());
+        if self.may_retry_elsewhere {
+            // Only the upstream root's, which drops any engine's copy.
+            if self.fallback.is_none() {
+                self.fallback = self.get_http_response_header(contract::FALLBACK);
+            }
+        } else {
+            // Only fleetroute's decision tells it; an engine's copy is dropped.
+            self.set_http_response_header(contract::FALLBACK, self.fallback.as_deref());
+        }
         self.prepare_rename();
         if self.first_byte && !end_of_stream {
             // Envoy hands this root the body while the headers wait; the

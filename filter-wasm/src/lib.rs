@@ -37,3 +37,5 @@ pub mod response;
 mod host;
 #[cfg(target_arch = "wasm32")]
 mod host_rename;
+#[cfg(target_arch = "wasm32")]
+mod host_upstream;

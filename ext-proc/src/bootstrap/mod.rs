@@ -10,6 +10,7 @@
 //! owns EDS itself.
 
 mod identity;
+mod retry;
 mod token;
 
 use std::net::SocketAddr;
@@ -227,8 +228,20 @@ fn routes(hcm: &mut Value, cfg: &RouterConfig) -> Result<(), RenderError> {
         .ok_or_else(|| "template: no cluster_header route".to_string())
         .and_then(|r| envoy_bounds::chosen_routes(r, &cfg.envoy))?;
     routes.clear();
+    // A request to a `retry/` cluster matches its own routes first.
+    let retries = retry::routes(&chosen, cfg)?;
+    let retrying = !retries.is_empty();
+    routes.extend(retries);
     routes.extend(chosen);
     routes.extend(fail_open::routes(cfg));
+    if retrying {
+        // The upstream root tells a retry by Envoy's attempt count.
+        get_mut(hcm, &["route_config", "virtual_hosts"])?
+            .get_mut(0)
+            .and_then(Value::as_mapping_mut)
+            .ok_or("template: no virtual host")?
+            .insert(key("include_request_attempt_count"), Value::Bool(true));
+    }
     // Envoy refuses a direct response body over this (default 4 KiB); the
     // model list grows with the config.
     let list = crate::config::model_list::body(cfg).len() as u64;
@@ -312,6 +325,12 @@ fn clusters(
         envoy_bounds::fleet_cluster(&mut c, cfg)?;
         out.push(c);
     }
+    out.extend(retry::clusters(
+        &prototype,
+        cfg,
+        &opts.wasm,
+        opts.static_endpoints,
+    )?);
     // A stage whose fleets may not take fail-open traffic has no cluster (its
     // fail-open routes answer 503).
     for stage in cfg
@@ -333,3 +352,25 @@ fn clusters(
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod tests_support {
+    use super::*;
+
+    pub fn opts() -> BootstrapOptions {
+        BootstrapOptions {
+            listen: crate::listen::ENVOY_LISTEN.parse().unwrap(),
+            envoy_admin: crate::listen::ENVOY_ADMIN.parse().unwrap(),
+            grpc: vec![crate::listen::GRPC.parse().unwrap()],
+            wasm: "/etc/fleetroute/fleetroute_filter.wasm".into(),
+            fail_closed: false,
+            static_endpoints: false,
+        }
+    }
+
+    /// The template rendered for `router`, parsed.
+    pub fn rendered(router: &str, opts: &BootstrapOptions) -> Value {
+        let cfg = RouterConfig::parse(router).unwrap();
+        yaml_serde::from_str(&render(TEMPLATE, &cfg, opts).unwrap()).unwrap()
+    }
+}

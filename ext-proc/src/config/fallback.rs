@@ -1,6 +1,8 @@
 //! What a stage degrades to instead of failing: other stages, in order,
 //! each for the conditions the operator names.
 
+use std::collections::BTreeSet;
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -54,4 +56,48 @@ impl Condition {
             Condition::Upstream => "upstream",
         }
     }
+}
+
+/// Every pair of fleets a stage's request may be retried across: a fleet of
+/// the stage, then a fleet of one of its `upstream` fallbacks inside the
+/// stage's residency. Each is an Envoy cluster (`retry/<from>/<to>`).
+pub fn retry_pairs(cfg: &super::RouterConfig) -> BTreeSet<(String, String)> {
+    let region = |name: &str| {
+        cfg.fleets
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.region.as_str())
+    };
+    let mut out = BTreeSet::new();
+    for s in &cfg.stages {
+        let inside = |fleet: &str| match (&s.residency, region(fleet)) {
+            (Some(r), Some(g)) => r.to_vec().iter().any(|x| x == g),
+            (None, Some(g)) => s.fleet_names().any(|n| region(n) == Some(g)),
+            (_, None) => false,
+        };
+        for f in s
+            .fallbacks
+            .iter()
+            .filter(|f| f.on.contains(&Condition::Upstream))
+        {
+            let Some(to) = cfg.stages.iter().find(|t| t.name == f.stage) else {
+                continue;
+            };
+            for from in s.fleet_names() {
+                for g in to.fleet_names().filter(|g| inside(g)) {
+                    out.insert((from.clone(), g.clone()));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The cluster that pairs `from`'s replicas with an `upstream` fallback's
+/// fleet `to` (fleet names hold no '/').
+pub fn retry_cluster(from: &str, to: &str) -> String {
+    format!(
+        "{}{from}/{to}",
+        fleetroute_filter::contract::RETRY_CLUSTER_PREFIX
+    )
 }

@@ -32,7 +32,7 @@ pub use engine::{
 };
 pub use envoy::*;
 pub use experiment::{AbTest, ExperimentConfig, Shadow, Variant};
-pub use fallback::{Condition, FallbackConfig};
+pub use fallback::{Condition, FallbackConfig, retry_cluster, retry_pairs};
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
 pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};
 pub use lora::{LoraConfig, MAX_ADAPTERS_PER_STAGE};

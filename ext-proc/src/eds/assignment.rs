@@ -88,6 +88,7 @@ pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
         };
         out.insert(fleet.name.clone(), cla);
     }
+    retry_pairs(snap, &held, &mut out);
     for stage in &snap.config.stages {
         let name = fail_open::cluster_name(&stage.name);
         if held.contains(&name) {
@@ -129,6 +130,45 @@ pub fn all(snap: &Snapshot) -> BTreeMap<String, ClusterLoadAssignment> {
         );
     }
     out
+}
+
+/// The `retry/` clusters: a stage's fleet, then (priority 1, only for
+/// Envoy's fallback policy, which fleetroute's host list leaves unused) a
+/// fleet of its `upstream` fallback. Held back with either fleet.
+fn retry_pairs(
+    snap: &Snapshot,
+    held: &BTreeSet<String>,
+    out: &mut BTreeMap<String, ClusterLoadAssignment>,
+) {
+    for (from, to) in crate::config::retry_pairs(&snap.config) {
+        if held.contains(&from) || held.contains(&to) {
+            continue;
+        }
+        let group = |name: &str, priority: u32| {
+            let f = snap.topo.fleet_index(name)?;
+            let lb_endpoints = members(
+                &snap.topo.fleets[f],
+                snap.replicas.get(f.index()),
+                fleet_status,
+            );
+            Some(LocalityLbEndpoints {
+                lb_endpoints,
+                priority,
+                ..Default::default()
+            })
+        };
+        let mut endpoints: Vec<LocalityLbEndpoints> = group(&from, 0).into_iter().collect();
+        if to != from {
+            endpoints.extend(group(&to, 1));
+        }
+        let name = crate::config::retry_cluster(&from, &to);
+        let cla = ClusterLoadAssignment {
+            cluster_name: name.clone(),
+            endpoints,
+            ..Default::default()
+        };
+        out.insert(name, cla);
+    }
 }
 
 /// What an unknown cluster is answered with: no members. fleetroute owns

@@ -45,7 +45,16 @@ fn no_upstream(f: &ResponseFlags) -> bool {
 pub fn settle(shared: &Shared, entry: &HttpAccessLogEntry, obs: &Observation, mut charge: Charge) {
     let tag = usage_tag(entry);
     let o = outcome(entry, obs, tag.as_ref());
-    let audit = charge.audit.take();
+    // Envoy retried it on the `upstream` fallback: that fleet's price.
+    let mut audit = charge.audit.take();
+    if let Some((addr, price)) = charge.on_retry.take()
+        && obs.served_by.as_deref() == Some(&*addr)
+    {
+        charge.price = price;
+        if let Some(a) = audit.as_mut() {
+            a.reason = "fallback_upstream";
+        }
+    }
     let tenant = audit
         .as_ref()
         .map(|_| charge.reservation.tenant().to_string());

@@ -41,7 +41,11 @@ stages:
 
 /// The config's fleets, healthy or not by name.
 fn rig(healthy: &[&str]) -> (Arc<Shared>, Writer) {
-    let cfg = RouterConfig::parse_valid(CONFIG).unwrap();
+    rig_of(CONFIG, healthy)
+}
+
+fn rig_of(config: &str, healthy: &[&str]) -> (Arc<Shared>, Writer) {
+    let cfg = RouterConfig::parse_valid(config).unwrap();
     let (shared, mut w) = Writer::new(&cfg);
     let now = Instant::now();
     for (f, fleet) in cfg.fleets.iter().enumerate() {
@@ -158,4 +162,29 @@ fn a_stage_without_a_fallback_for_the_condition_answers_itself() {
     let (shared, _w) = rig(&["big-eu", "small-eu"]);
     let r = ask(&shared, "long-model", 100, 1);
     assert_eq!(status(&r), Some(503), "{r:?}");
+}
+
+#[test]
+fn an_upstream_fallback_pairs_the_chosen_replica_with_the_fallbacks() {
+    let config = CONFIG.replace("on: [unhealthy, saturated]", "on: [upstream]");
+    let (shared, _w) = rig_of(&config, &["big-eu", "small-us", "small-eu", "long-eu"]);
+    let r = ask(&shared, "big-model", 100, 1);
+    assert_eq!(
+        set(&r, contract::CLUSTER).as_deref(),
+        Some("retry/big-eu/small-eu")
+    );
+    assert_eq!(
+        set(&r, contract::UPSTREAM_FALLBACK).as_deref(),
+        Some("small|small-model")
+    );
+    // Decided now, sent as named: no fallback header, no rename.
+    assert_eq!(set(&r, contract::FALLBACK), None);
+    assert_eq!(set(&r, contract::SERVED_MODEL), None);
+    let hosts = format!("{:?}", r.dynamic_metadata);
+    assert!(hosts.contains("10.0.0.1:1,10.0.1.1:1"), "{hosts}");
+    // No replica of small inside eu: routed as usual, to the fleet.
+    let (shared, _w) = rig_of(&config, &["big-eu", "small-us", "long-eu"]);
+    let r = ask(&shared, "big-model", 100, 1);
+    assert_eq!(set(&r, contract::CLUSTER).as_deref(), Some("big-eu"));
+    assert_eq!(set(&r, contract::UPSTREAM_FALLBACK), None);
 }

@@ -69,11 +69,12 @@ pub fn route(
     requested: Option<&str>,
 ) -> ProcessingResponse {
     let fleet = &topo.fleets[d.fleet];
-    let hosts: Vec<&str> = d
+    let mut hosts: Vec<&str> = d
         .replicas
         .iter()
         .map(|&r| fleet.replicas[r].addr.as_str())
         .collect();
+    let retry = d.upstream.map(|u| retry_elsewhere(topo, d, u, &mut hosts));
     let tag = RouteTag {
         stage: &topo.stages[d.stage].name,
         fleet: &fleet.name,
@@ -119,8 +120,12 @@ pub fn route(
             ),
         ]),
     };
+    let (cluster, retry) = match retry {
+        Some((cluster, to)) => (cluster, Some(to)),
+        None => (fleet.name.clone(), None),
+    };
     let mut set_headers = vec![
-        header(contract::CLUSTER, fleet.name.clone()),
+        header(contract::CLUSTER, cluster),
         // The rename root holds the response headers until the first body
         // byte, so the response headers below arrive with the first token.
         header(contract::FIRST_BYTE, "1".into()),
@@ -131,6 +136,9 @@ pub fn route(
         set_headers.push(header(contract::SHADOW, topo.fleets[s].name.clone()));
     }
     let served = served_model(topo, d);
+    if let Some(to) = retry {
+        set_headers.push(header(contract::UPSTREAM_FALLBACK, to));
+    }
     if let Some(f) = &d.fallback {
         // The rename root shows it to the client and leaves the response's
         // `model` as the fallback wrote it.
@@ -163,6 +171,27 @@ pub fn route(
         mode_override: Some(FIRST_BYTE_MODE),
         ..Default::default()
     }
+}
+
+/// A decision Envoy retries on its `upstream` fallback: the cluster that
+/// holds both fleets, the host list cut to the chosen replica then the
+/// fallback's (one retry, never a third host), and the upstream root's
+/// `<stage>|<model>`.
+fn retry_elsewhere<'t>(
+    topo: &'t Topology,
+    d: &Decision,
+    u: crate::route::fallback::Upstream,
+    hosts: &mut Vec<&'t str>,
+) -> (String, String) {
+    let (from, to) = (&topo.fleets[d.fleet], &topo.fleets[u.fleet]);
+    hosts.truncate(1);
+    hosts.push(to.replicas[u.replica].addr.as_str());
+    let stage = &topo.stages[u.stage];
+    let model = stage.rename(u.fleet, None).unwrap_or(&stage.model);
+    (
+        crate::config::retry_cluster(&from.name, &to.name),
+        format!("{}|{model}", stage.name),
+    )
 }
 
 /// The model name a decision writes upstream, when not the client's: the

@@ -23,8 +23,12 @@ const MAX_MODEL: usize = 256;
 /// What the chosen fleet charges: the cost policy's figure, or before the
 /// fleet's first figures (just started) its configured price.
 pub fn price(snap: &Snapshot, d: &Decision) -> Price {
-    let cost = snap.topo.fleets[d.fleet].cost.as_ref();
-    let per_mtok = snap.fleets[d.fleet]
+    price_of(snap, d.fleet)
+}
+
+fn price_of(snap: &Snapshot, fleet: crate::topology::FleetId) -> Price {
+    let cost = snap.topo.fleets[fleet].cost.as_ref();
+    let per_mtok = snap.fleets[fleet]
         .figures
         .usd_per_mtok
         .or_else(|| cost.and_then(|c| usd_per_mtok(c, 0.0, 0)));
@@ -55,6 +59,13 @@ pub async fn admit(
             reservation,
             price,
             prompt_estimate: prompt,
+            on_retry: d.upstream.map(|u| {
+                let fleet = &snap.topo.fleets[u.fleet];
+                (
+                    fleet.replicas[u.replica].addr.as_str().into(),
+                    price_of(snap, u.fleet),
+                )
+            }),
             audit: shared
                 .tenants
                 .auditing()

@@ -8,7 +8,33 @@ use super::{Decision, Reject};
 use crate::config::Condition;
 use crate::state::Snapshot;
 pub use crate::topology::Fallen;
-use crate::topology::{Stage, StageId, Topology};
+use crate::topology::{FleetId, ReplicaId, Stage, StageId, Topology};
+
+/// Where Envoy retries a request whose replica fails before its first
+/// byte: the `upstream` fallback's replica, decided with the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Upstream {
+    pub stage: StageId,
+    pub fleet: FleetId,
+    pub replica: ReplicaId,
+}
+
+/// The first `upstream` fallback of the decision's stage that has a replica
+/// for this request (inside both residencies), if any.
+pub fn upstream(snap: &Snapshot, key: &RouteKey<'_>, d: &Decision, rng: u64) -> Option<Upstream> {
+    let topo = &snap.topo;
+    for to in for_reason(&topo.stages[d.stage], Condition::Upstream) {
+        let fkey = rekey(topo, key, d.stage, to)?;
+        if let Ok(u) = super::decide_stage(snap, &fkey, to, rng) {
+            return Some(Upstream {
+                stage: to,
+                fleet: u.fleet,
+                replica: *u.replicas.head(),
+            });
+        }
+    }
+    None
+}
 
 /// `stage`'s fallbacks for `reason`, in order.
 pub fn for_reason(stage: &Stage, reason: Condition) -> impl Iterator<Item = StageId> + '_ {

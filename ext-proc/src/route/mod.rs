@@ -47,6 +47,9 @@ pub struct Decision {
     pub adapter: Option<(AdapterId, f64)>,
     /// Set when the stage is a fallback of the one the client named.
     pub fallback: Option<fallback::Fallen>,
+    /// Where Envoy retries it on a failure before the first byte (the
+    /// stage's `upstream` fallback).
+    pub upstream: Option<fallback::Upstream>,
 }
 
 /// The eligible fleets' load, as the decision saw it.
@@ -216,8 +219,12 @@ impl Reject {
 /// `rng` is this request's randomness (exploration); pass a seeded value in
 /// tests for a deterministic decision.
 pub fn decide(snap: &Snapshot, key: &RouteKey<'_>, rng: u64) -> Result<Decision, Reject> {
-    let (stage_idx, _) = stage::resolve(&snap.topo, key.model)?;
-    decide_stage(snap, key, stage_idx, rng)
+    let (stage_idx, stage) = stage::resolve(&snap.topo, key.model)?;
+    let mut d = decide_stage(snap, key, stage_idx, rng)?;
+    if fallback::has(stage, crate::config::Condition::Upstream) {
+        d.upstream = fallback::upstream(snap, key, &d, rng);
+    }
+    Ok(d)
 }
 
 /// The decision on a stage already resolved.
@@ -262,6 +269,7 @@ pub fn decide_stage(
             .filter(|_| topo.fleets[cf.fleet].hold.is_some())
             .map(|a| (a, choice.adapter_tokens)),
         fallback: None,
+        upstream: None,
     })
 }
 

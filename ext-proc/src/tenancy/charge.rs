@@ -12,6 +12,9 @@ pub struct Charge {
     pub price: Price,
     /// The filter's estimate of the prompt (4 bytes a token).
     pub prompt_estimate: u64,
+    /// The `upstream` fallback's replica Envoy may retry on, and its
+    /// fleet's price: what the request is charged when that replica answers.
+    pub on_retry: Option<(Box<str>, Price)>,
     /// Only with an audit log: what its record needs besides the outcome.
     pub audit: Option<Box<AuditContext>>,
 }

@@ -13,6 +13,7 @@ mod membership;
 mod peers;
 mod recorder;
 mod reload;
+mod retried;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -324,6 +325,8 @@ impl Writer {
         let (r, as_routed) = match o.served_by.as_deref() {
             Some(addr) if fleet.replicas.get(routed).is_none_or(|x| x.addr != addr) => {
                 let Some(r) = fleet.replica_index(addr) else {
+                    let addr = addr.to_string();
+                    self.retried_elsewhere(o, (f, routed), &addr, now);
                     return;
                 };
                 (r, false)

@@ -62,6 +62,9 @@ pub(super) fn fallbacks(sc: &Scope<'_>, e: &mut Errors) {
         if f.on.contains(&Condition::Context) {
             context(s, to, &fp, e);
         }
+        if f.on.contains(&Condition::Upstream) {
+            upstream(sc.cfg, s, to, &fp, e);
+        }
     }
 }
 
@@ -82,6 +85,27 @@ fn context(s: &StageConfig, to: &StageConfig, fp: &str, e: &mut Errors) {
                 "'context' goes to stage '{}', whose context_tokens ({theirs}) is not longer than this stage's ({mine})",
                 to.name
             ),
+        );
+    }
+}
+
+/// `upstream`: Envoy retries on a cluster holding both stages' fleets, with
+/// the first fleet's headers: no fleet's own key may travel to another, and
+/// a packed fleet would be asked for a model it may not have loaded.
+fn upstream(cfg: &RouterConfig, s: &StageConfig, to: &StageConfig, fp: &str, e: &mut Errors) {
+    for name in s.fleet_names().chain(to.fleet_names()) {
+        let Some(f) = cfg.fleets.iter().find(|f| &f.name == name) else {
+            continue;
+        };
+        e.ensure(
+            f.credentials.is_none(),
+            format!("{fp}.on"),
+            format!("'upstream' cannot retry across fleet '{name}', which has its own credentials (its key would reach the other stage's fleets)"),
+        );
+        e.ensure(
+            f.packing.is_none(),
+            format!("{fp}.on"),
+            format!("'upstream' cannot retry on fleet '{name}', which packs models (the retry's model may not be loaded)"),
         );
     }
 }
