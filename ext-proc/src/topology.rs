@@ -266,7 +266,7 @@ impl Topology {
         let stages = cfg
             .stages
             .iter()
-            .map(|s| stages::stage(s, &cfg.stages, &fleet_idx, &fleets))
+            .map(|s| stages::stage(s, cfg, &fleet_idx, &fleets))
             .collect::<Vec<_>>();
         let mut by_model = HashMap::new();
         for (i, s) in cfg.stages.iter().enumerate() {

@@ -13,9 +13,65 @@ pub struct FallbackConfig {
     /// The stage that answers instead (its model, its fleets, its prices),
     /// used only inside this stage's residency and the request's.
     pub stage: String,
-    /// When it applies; absent: every condition.
-    #[serde(default = "Condition::all")]
-    pub on: Vec<Condition>,
+    /// When it applies; absent: every condition that can apply to the pair
+    /// (`upstream` only when neither stage has a fleet with its own
+    /// credentials or packed models; `context` only matters with the
+    /// stage's `context_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on: Option<Vec<Condition>>,
+}
+
+impl FallbackConfig {
+    /// The conditions in effect for `from`'s fallback to `to`.
+    pub fn conditions(
+        &self,
+        cfg: &super::RouterConfig,
+        from: &super::StageConfig,
+        to: &super::StageConfig,
+    ) -> Vec<Condition> {
+        match &self.on {
+            Some(on) => on.clone(),
+            None => Condition::ALL
+                .into_iter()
+                .filter(|c| *c != Condition::Upstream || can_retry_across(cfg, from, to))
+                .collect(),
+        }
+    }
+}
+
+/// Whether Envoy may retry `from`'s requests on `to`'s fleets: no fleet of
+/// either has its own key (it would travel with the retry) or packs models
+/// (the retry's model may not be loaded).
+pub fn can_retry_across(
+    cfg: &super::RouterConfig,
+    from: &super::StageConfig,
+    to: &super::StageConfig,
+) -> bool {
+    blocks_retry(cfg, from, to).is_none()
+}
+
+/// The first fleet that rules out retries across the two stages, and why.
+pub fn blocks_retry<'c>(
+    cfg: &'c super::RouterConfig,
+    from: &super::StageConfig,
+    to: &super::StageConfig,
+) -> Option<(&'c str, &'static str)> {
+    from.fleet_names().chain(to.fleet_names()).find_map(|name| {
+        let f = cfg.fleets.iter().find(|f| &f.name == name)?;
+        if f.credentials.is_some() {
+            Some((
+                f.name.as_str(),
+                "has its own credentials (its key would reach the other stage's fleets)",
+            ))
+        } else if f.packing.is_some() {
+            Some((
+                f.name.as_str(),
+                "packs models (the retry's model may not be loaded)",
+            ))
+        } else {
+            None
+        }
+    })
 }
 
 /// Why a request leaves its stage for a fallback.
@@ -42,10 +98,6 @@ impl Condition {
         Condition::Context,
         Condition::Upstream,
     ];
-
-    fn all() -> Vec<Condition> {
-        Condition::ALL.to_vec()
-    }
 
     /// As the client reads it in `x-fleetroute-fallback` and metrics label it.
     pub fn as_str(self) -> &'static str {
@@ -75,14 +127,13 @@ pub fn retry_pairs(cfg: &super::RouterConfig) -> BTreeSet<(String, String)> {
             (None, Some(g)) => s.fleet_names().any(|n| region(n) == Some(g)),
             (_, None) => false,
         };
-        for f in s
-            .fallbacks
-            .iter()
-            .filter(|f| f.on.contains(&Condition::Upstream))
-        {
+        for f in &s.fallbacks {
             let Some(to) = cfg.stages.iter().find(|t| t.name == f.stage) else {
                 continue;
             };
+            if !f.conditions(cfg, s, to).contains(&Condition::Upstream) {
+                continue;
+            }
             for from in s.fleet_names() {
                 for g in to.fleet_names().filter(|g| inside(g)) {
                     out.insert((from.clone(), g.clone()));

@@ -11,7 +11,7 @@ use crate::config::PolicyKind;
 /// A stage of the config, its fleets by id.
 pub(super) fn stage(
     s: &crate::config::StageConfig,
-    all: &[crate::config::StageConfig],
+    cfg: &crate::config::RouterConfig,
     fleet_idx: &HashMap<&str, FleetId>,
     fleets: &[Fleet],
 ) -> Stage {
@@ -87,8 +87,9 @@ pub(super) fn stage(
             .fallbacks
             .iter()
             .filter_map(|f| {
+                let all = &cfg.stages;
                 let i = all.iter().position(|t| t.name == f.stage)?;
-                Some((super::StageId(i), f.on.clone()))
+                Some((super::StageId(i), f.conditions(cfg, s, &all[i])))
             })
             .collect(),
         context_tokens: s.context_tokens,

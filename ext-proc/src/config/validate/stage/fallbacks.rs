@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 
 use super::super::Errors;
 use super::Scope;
-use crate::config::{Condition, RouterConfig, StageConfig};
+use crate::config::{Condition, RouterConfig, StageConfig, blocks_retry};
 
 /// Longest context a stage may declare, tokens.
 const MAX_CONTEXT_TOKENS: u32 = 100_000_000;
@@ -36,12 +36,13 @@ pub(super) fn fallbacks(sc: &Scope<'_>, e: &mut Errors) {
             format!("stage '{}' is listed twice", to.name),
         );
         let mut on = HashSet::new();
+        let listed = f.on.as_deref().unwrap_or_default();
         e.ensure(
-            !f.on.is_empty(),
+            f.on.is_none() || !listed.is_empty(),
             format!("{fp}.on"),
             "list at least one condition",
         );
-        for c in &f.on {
+        for c in listed {
             e.ensure(
                 on.insert(*c),
                 format!("{fp}.on"),
@@ -59,11 +60,18 @@ pub(super) fn fallbacks(sc: &Scope<'_>, e: &mut Errors) {
                 sorted(&mine)
             ),
         );
-        if f.on.contains(&Condition::Context) {
+        // Listed, a condition must be able to apply; absent, only those that
+        // can are in effect (`FallbackConfig::conditions`).
+        if listed.contains(&Condition::Context) {
             context(s, to, &fp, e);
         }
-        if f.on.contains(&Condition::Upstream) {
-            upstream(sc.cfg, s, to, &fp, e);
+        if listed.contains(&Condition::Upstream)
+            && let Some((fleet, why)) = blocks_retry(sc.cfg, s, to)
+        {
+            e.push(
+                format!("{fp}.on"),
+                format!("'upstream' cannot retry across fleet '{fleet}', which {why}"),
+            );
         }
     }
 }
@@ -85,27 +93,6 @@ fn context(s: &StageConfig, to: &StageConfig, fp: &str, e: &mut Errors) {
                 "'context' goes to stage '{}', whose context_tokens ({theirs}) is not longer than this stage's ({mine})",
                 to.name
             ),
-        );
-    }
-}
-
-/// `upstream`: Envoy retries on a cluster holding both stages' fleets, with
-/// the first fleet's headers: no fleet's own key may travel to another, and
-/// a packed fleet would be asked for a model it may not have loaded.
-fn upstream(cfg: &RouterConfig, s: &StageConfig, to: &StageConfig, fp: &str, e: &mut Errors) {
-    for name in s.fleet_names().chain(to.fleet_names()) {
-        let Some(f) = cfg.fleets.iter().find(|f| &f.name == name) else {
-            continue;
-        };
-        e.ensure(
-            f.credentials.is_none(),
-            format!("{fp}.on"),
-            format!("'upstream' cannot retry across fleet '{name}', which has its own credentials (its key would reach the other stage's fleets)"),
-        );
-        e.ensure(
-            f.packing.is_none(),
-            format!("{fp}.on"),
-            format!("'upstream' cannot retry on fleet '{name}', which packs models (the retry's model may not be loaded)"),
         );
     }
 }
@@ -207,7 +194,7 @@ stages:
 "#
         );
         let cfg = RouterConfig::parse(&text).unwrap();
-        assert_eq!(cfg.stages[0].fallbacks[0].on.len(), 4);
+        assert_eq!(cfg.stages[0].fallbacks[0].on, None);
     }
 
     #[test]
