@@ -133,9 +133,12 @@ impl ReplicaOutlier {
 
 /// One evaluation of a fleet: which replicas to eject now. `eligible[i]` is
 /// false for replicas that are out of rotation for other reasons.
-/// `failover` says the fleet's stages have another fleet with a ready
-/// replica: then a fleet whose `max_ejected_share` rounds to no replica (a
-/// one-replica fleet) may still lose one, and its traffic fails over.
+/// `failover` says the fleet's stages have another fleet (or a fallback
+/// stage) with a ready replica: then a fleet whose `max_ejected_share`
+/// rounds to no replica (a one-replica fleet) may still lose one, and every
+/// replica failing at least `max_error_rate` of what it serves leaves, past
+/// the share and even when the whole fleet fails alike: its traffic has
+/// somewhere to go.
 pub fn evaluate(
     replicas: &mut [ReplicaOutlier],
     eligible: &[bool],
@@ -164,7 +167,7 @@ pub fn evaluate(
         matches!((v, m), (Some(v), Some(m))
             if m > 0.0 && v > m * cfg.factor && v - m >= cfg.min_latency_gap_ms)
     };
-    let mut outliers: Vec<(usize, f64)> = (0..replicas.len())
+    let mut outliers: Vec<(usize, f64, bool)> = (0..replicas.len())
         .filter(|&i| live(i))
         .filter_map(|i| {
             let s = &stats[i];
@@ -176,7 +179,7 @@ pub fn evaluate(
             let gap = s.error_rate - err_med >= cfg.min_error_rate_gap;
             // Absolute: fails most of what it serves. With company it must
             // also stand out, so a fleet-wide failure ejects no one.
-            let failing = s.error_rate >= cfg.max_error_rate && (!relative || gap);
+            let failing = s.error_rate >= cfg.max_error_rate && (!relative || gap || failover);
             let bad = failing
                 || (relative
                     && judged.contains(&i)
@@ -185,19 +188,22 @@ pub fn evaluate(
                         || worse(s.per_token, tok_med)));
             // Worst first, so a capped ejection takes the worst replicas.
             let severity = s.error_rate + s.ttft_norm.zip(ttft_med).map_or(0.0, |(v, m)| v / m);
-            bad.then_some((i, severity))
+            bad.then_some((i, severity, failing))
         })
         .collect();
     outliers.sort_by(|a, b| b.1.total_cmp(&a.1));
     let already = replicas.iter().filter(|r| r.is_ejected(now)).count();
     let mut cap = ((replicas.len() as f64) * cfg.max_ejected_share).floor() as usize;
-    if cap == 0 && cfg.max_ejected_share > 0.0 && failover {
+    let on = cfg.max_ejected_share > 0.0;
+    if cap == 0 && on && failover {
         cap = 1;
     }
+    let room = cap.saturating_sub(already);
     outliers
         .into_iter()
-        .take(cap.saturating_sub(already))
-        .map(|(i, _)| (i, replicas[i].eject(now, cfg)))
+        .enumerate()
+        .filter(|&(k, (_, _, failing))| k < room || (on && failover && failing))
+        .map(|(_, (i, _, _))| (i, replicas[i].eject(now, cfg)))
         .collect()
 }
 
@@ -408,6 +414,15 @@ mod tests {
         let cfg = OutlierConfig::default();
         let mut all = failing(4, &[12, 12, 13, 12], now);
         assert!(evaluate(&mut all, &[true; 4], &cfg, false, now).is_empty());
+        // With somewhere for its traffic to go, the failing fleet leaves
+        // whole, past its share; a sound replica of it stays.
+        let mut all = failing(4, &[12, 12, 13, 0], now);
+        let mut out: Vec<usize> = evaluate(&mut all, &[true; 4], &cfg, true, now)
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+        out.sort_unstable();
+        assert_eq!(out, vec![0, 1, 2]);
         // The median of two broken and two sound replicas is 50%: relative
         // ejection alone would keep both broken ones.
         let mut half = failing(4, &[0, 20, 0, 20], now);

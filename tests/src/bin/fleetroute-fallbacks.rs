@@ -25,7 +25,7 @@ use fleetroute_tests::harness::{Lab, LabSpec};
 /// the stage's list, or nothing.
 const ROUTER: &str = r#"
 health_check: { interval_ms: 1000, timeout_ms: 500, healthy_threshold: 1, unhealthy_threshold: 3 }
-envoy: { timeouts: { upstream_idle_ms: 2000 } }
+envoy: { timeouts: { upstream_idle_ms: {IDLE_MS} } }
 fleets:
   - { name: big, region: eu, endpoints: ["{b1}", "{b2}"] }
   - { name: small, region: eu, endpoints: ["{s1}", "{s2}"] }
@@ -72,14 +72,16 @@ struct Tally {
     served: BTreeMap<String, u64>,
 }
 
-/// The primary fleet's fault for a scenario, and the arrival rate factor.
-fn fault(scenario: &str) -> (&'static str, f64) {
+/// The primary fleet's fault for a scenario, the arrival rate factor, and
+/// how long Envoy waits for a stream's next byte (a hang is found by it;
+/// the default 60 s elsewhere).
+fn fault(scenario: &str) -> (&'static str, f64, u64) {
     match scenario {
-        "503" => (r#"{"status": 503}"#, 1.0),
-        "hang" => (r#"{"hang": true}"#, 1.0),
-        "die" => (r#"{"die_after_tokens": 2}"#, 1.0),
+        "503" => (r#"{"status": 503}"#, 1.0, 60_000),
+        "hang" => (r#"{"hang": true}"#, 1.0, 2_000),
+        "die" => (r#"{"die_after_tokens": 2}"#, 1.0, 60_000),
         // Slower engines and twice the traffic: more than big can take.
-        "saturated" => (r#"{"slow_factor": 4.0}"#, 2.0),
+        "saturated" => (r#"{"slow_factor": 4.0}"#, 2.0, 60_000),
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -139,7 +141,10 @@ fn run(engine: &str, args: &Args, scenario: &str, fallbacks: bool) -> Tally {
     } else {
         ""
     };
-    let router = ROUTER.replace("{FALLBACKS}", list);
+    let (fault, factor, idle_ms) = fault(scenario);
+    let router = ROUTER
+        .replace("{FALLBACKS}", list)
+        .replace("{IDLE_MS}", &idle_ms.to_string());
     let lab = Lab::start(
         engine,
         LabSpec {
@@ -165,7 +170,6 @@ fn run(engine: &str, args: &Args, scenario: &str, fallbacks: bool) -> Tally {
             ..Default::default()
         },
     );
-    let (fault, factor) = fault(scenario);
     for r in ["b1", "b2"] {
         lab.fault(r, fault);
     }
@@ -214,7 +218,7 @@ fn main() {
     let engine: PathBuf = exe.with_file_name("fleetroute-engine");
     let engine = engine.to_str().expect("utf-8 path");
     println!(
-        "{} s at {} req/s (saturated: twice that), streamed, {} tokens each",
+        "{} s at {} req/s (saturated: twice that), streamed, {} tokens each; hang: Envoy's upstream_idle_ms 2000",
         args.seconds, args.rate, args.max_tokens
     );
     println!(

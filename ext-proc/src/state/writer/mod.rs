@@ -408,14 +408,18 @@ impl Writer {
 }
 
 /// Whether every stage of fleet `f` has another fleet with a ready replica,
-/// to take its traffic if its last replica is ejected.
+/// or an `unhealthy` fallback with one, to take its traffic if its last
+/// replica is ejected.
 fn failover(topo: &Topology, ready: &[Vec<ReplicaId>], f: FleetId) -> bool {
+    let elsewhere = |g: &FleetId| *g != f && ready.by_id(*g).is_some_and(|v| !v.is_empty());
     let mut stages = topo.stages_of(f).peekable();
     stages.peek().is_some()
         && stages.all(|s| {
-            s.fleets
-                .iter()
-                .any(|&g| g != f && ready.by_id(g).is_some_and(|v| !v.is_empty()))
+            s.fleets.iter().any(elsewhere)
+                || s.fallbacks
+                    .iter()
+                    .filter(|(_, on)| on.contains(&crate::config::Condition::Unhealthy))
+                    .any(|(to, _)| topo.stages[*to].fleets.iter().any(elsewhere))
         })
 }
 
