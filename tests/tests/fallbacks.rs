@@ -32,7 +32,7 @@ stages:
     fleets: [big]
     residency: eu
     context_tokens: 300
-    fallbacks: [{ stage: small }]
+    fallbacks: [{ stage: small, on: [saturated, unhealthy, context, upstream] }]
   - name: small
     models: [small-model]
     fleets: [small-us, small]

@@ -13,41 +13,26 @@ pub struct FallbackConfig {
     /// The stage that answers instead (its model, its fleets, its prices),
     /// used only inside this stage's residency and the request's.
     pub stage: String,
-    /// When it applies; absent: every condition that can apply to the pair
-    /// (`upstream` only when neither stage has a fleet with its own
-    /// credentials or packed models; `context` only matters with the
-    /// stage's `context_tokens`).
+    /// When it applies; absent: `saturated`, `unhealthy` and `context` (which
+    /// only matters with the stage's `context_tokens`). `upstream` is listed
+    /// explicitly: it needs the `retry/` clusters `fleetroute bootstrap`
+    /// renders.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on: Option<Vec<Condition>>,
 }
 
 impl FallbackConfig {
-    /// The conditions in effect for `from`'s fallback to `to`.
-    pub fn conditions(
-        &self,
-        cfg: &super::RouterConfig,
-        from: &super::StageConfig,
-        to: &super::StageConfig,
-    ) -> Vec<Condition> {
+    /// The conditions in effect.
+    pub fn conditions(&self) -> Vec<Condition> {
         match &self.on {
             Some(on) => on.clone(),
-            None => Condition::ALL
-                .into_iter()
-                .filter(|c| *c != Condition::Upstream || can_retry_across(cfg, from, to))
-                .collect(),
+            None => vec![
+                Condition::Saturated,
+                Condition::Unhealthy,
+                Condition::Context,
+            ],
         }
     }
-}
-
-/// Whether Envoy may retry `from`'s requests on `to`'s fleets: no fleet of
-/// either has its own key (it would travel with the retry) or packs models
-/// (the retry's model may not be loaded).
-pub fn can_retry_across(
-    cfg: &super::RouterConfig,
-    from: &super::StageConfig,
-    to: &super::StageConfig,
-) -> bool {
-    blocks_retry(cfg, from, to).is_none()
 }
 
 /// The first fleet that rules out retries across the two stages, and why.
@@ -131,7 +116,7 @@ pub fn retry_pairs(cfg: &super::RouterConfig) -> BTreeSet<(String, String)> {
             let Some(to) = cfg.stages.iter().find(|t| t.name == f.stage) else {
                 continue;
             };
-            if !f.conditions(cfg, s, to).contains(&Condition::Upstream) {
+            if !f.conditions().contains(&Condition::Upstream) {
                 continue;
             }
             for from in s.fleet_names() {

@@ -32,9 +32,7 @@ pub use engine::{
 };
 pub use envoy::*;
 pub use experiment::{AbTest, ExperimentConfig, Shadow, Variant};
-pub use fallback::{
-    Condition, FallbackConfig, blocks_retry, can_retry_across, retry_cluster, retry_pairs,
-};
+pub use fallback::{Condition, FallbackConfig, blocks_retry, retry_cluster, retry_pairs};
 pub use grpc::{GrpcConfig, MIN_TOKEN_BYTES};
 pub use identity::{ApiKeys, Identity, IdentityConfig, IdentitySource, JwtConfig};
 pub use lora::{LoraConfig, MAX_ADAPTERS_PER_STAGE};

@@ -363,9 +363,11 @@ pub struct OutlierConfig {
     pub window_s: u64,
     /// Outcomes a replica needs in the window before it is judged.
     pub min_samples: u32,
-    /// Never more than this share of a fleet's replicas ejected at once; a
-    /// fleet whose share rounds to none may still lose one replica when its
-    /// stages have another fleet with a ready replica to take its traffic.
+    /// Never more than this share of a fleet's replicas ejected at once;
+    /// when every stage of the fleet has somewhere else for its traffic
+    /// (another fleet, or an `unhealthy` fallback, with a ready replica), a
+    /// fleet whose share rounds to none may still lose one, and replicas
+    /// failing at least `max_error_rate` leave past the share.
     pub max_ejected_share: f64,
     /// First ejection time, seconds; doubled for each ejection in a row.
     pub base_ejection_s: u64,

@@ -89,7 +89,7 @@ pub(super) fn stage(
             .filter_map(|f| {
                 let all = &cfg.stages;
                 let i = all.iter().position(|t| t.name == f.stage)?;
-                Some((super::StageId(i), f.conditions(cfg, s, &all[i])))
+                Some((super::StageId(i), f.conditions()))
             })
             .collect(),
         context_tokens: s.context_tokens,
