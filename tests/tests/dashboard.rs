@@ -54,6 +54,9 @@ stages:
       shadow: { fleet: h200-burst, percent: 50 }
     # Objectives the test's light traffic always meets: the admission panel's series.
     admission: { ttft_ms: { critical: 60000, standard: 60000 } }
+    # Never taken here; its counter's series exist from the start.
+    fallbacks: [{ stage: chat/small, on: [unhealthy] }]
+  - { name: chat/small, models: [small-model], fleets: [h200-burst], residency: us }
 "#;
 
 /// A real Prometheus on loopback scraping one target every second; stopped

@@ -137,7 +137,7 @@ fn one(lab: &Lab, key: u64, max_tokens: u32, tally: &Mutex<Tally>) {
 
 fn run(engine: &str, args: &Args, scenario: &str, fallbacks: bool) -> Tally {
     let list = if fallbacks {
-        "fallbacks: [{ stage: small, on: [saturated, unhealthy, context, upstream] }]"
+        "fallbacks: [{ stage: small, on: [saturated, unhealthy, upstream] }]"
     } else {
         ""
     };
