@@ -5,16 +5,21 @@
 use std::collections::{HashMap, HashSet};
 
 use fleetroute_tests::harness::client::{chat_body, post};
-use fleetroute_tests::harness::scenario::{FAST_ENGINES as FAST, TWO_FLEETS, chat_url as url};
+use fleetroute_tests::harness::scenario::{
+    FAST_ENGINES as FAST, chat_url as url, two_fleets_tolerant_health,
+};
 use fleetroute_tests::harness::{Lab, LabSpec};
 
 const ENGINE: &str = env!("CARGO_BIN_EXE_fleetroute-engine");
 
+/// Health checks that ride out a loaded machine: a replica flapping out on
+/// a slow probe would move a key, and these scenarios are about routing.
 fn lab() -> Lab {
+    let router = two_fleets_tolerant_health();
     Lab::start(
         ENGINE,
         LabSpec {
-            router: TWO_FLEETS,
+            router: &router,
             engine_args: FAST,
             ..Default::default()
         },
